@@ -1,0 +1,289 @@
+"""The token-level multi-turn agent loop.
+
+The loop never re-tokenizes text: prompts grow by the chat tokenizer's exact deltas and responses are the
+IDs the server sampled, so the recorded sequence is exactly what the policy saw and produced. It keeps one
+ordered list of pieces (``prompt`` pieces added by the template/environment, ``sampled`` pieces from the
+policy) from which the messages, the turns and the flattened :class:`TokenTrajectory` are all derived, and
+it checks after every step that the conversation's own token view equals that list.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from raas.agent.config import AgentConfig
+from raas.agent.tools import Observation, ToolSet, describe_tools_for_prompt
+from raas.agent.trajectory import Message, RunOutput, TokenTrajectory, ToolCall, Turn
+from raas.errors import RaasError
+
+if TYPE_CHECKING:
+    from raas.sandbox import Sandbox
+    from raas.tasks.base import Job, LLMContext
+
+NUDGE = "You did not call a tool. Call a tool to continue, or call finish with your final answer."
+
+
+@dataclass
+class _Piece:
+    ids: list[int]
+    sampled: bool
+    logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _State:
+    pieces: list[_Piece] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    pending_prompt: list[int] = field(default_factory=list)
+    """Prompt tokens added since the last generation (the next turn's ``prompt_ids`` delta)."""
+
+    def seq_len(self) -> int:
+        return sum(len(p.ids) for p in self.pieces)
+
+    def seq(self) -> list[int]:
+        return [t for p in self.pieces for t in p.ids]
+
+    def add_prompt(self, ids: list[int]) -> None:
+        if ids:
+            self.pieces.append(_Piece(list(ids), sampled=False))
+            self.pending_prompt.extend(ids)
+
+    def bump(self, key: str, by: float = 1.0) -> None:
+        self.metrics[key] = self.metrics.get(key, 0.0) + by
+
+
+def template_supports_tools(tokenizer: Any) -> bool:
+    """Whether the chat template renders ``tools=`` itself (otherwise the loop describes them in the system
+    prompt, so the policy still learns the tools and the call format)."""
+    flag = getattr(tokenizer, "supports_tools", None)
+    if isinstance(flag, bool):
+        return flag
+    if callable(flag):
+        return bool(flag())
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and "tools" in template
+
+
+def _sampling(llm: LLMContext, job: Job, max_tokens: int) -> Any:
+    """The job's sampling parameters with this turn's token limit."""
+    from raas.llm import SamplingParams
+
+    params = dict(job.sampling_params or {})
+    requested = params.pop("max_tokens", None)
+    if isinstance(requested, int) and requested > 0:
+        max_tokens = min(max_tokens, requested)
+    params["max_tokens"] = max_tokens
+    return SamplingParams.parse(params)
+
+
+def _call_key(name: str, arguments: dict[str, Any]) -> str:
+    return json.dumps([name, arguments], sort_keys=True, default=str)
+
+
+def _parse(text: str) -> tuple[list[ToolCall], list[str]]:
+    """Tool calls in an assistant message and the errors of the calls that could not be parsed."""
+    from raas.agent.toolcalls import parse_tool_calls
+
+    parsed = parse_tool_calls(text)
+    calls: list[ToolCall] = []
+    for i, c in enumerate(parsed.calls):
+        call_id = getattr(c, "id", None) or f"call_{i}"
+        calls.append(ToolCall(id=call_id, name=c.name, arguments=dict(c.arguments)))
+    return calls, [str(e) for e in parsed.errors]
+
+
+async def run_agent(
+    job: Job,
+    sandbox: Sandbox,
+    llm: LLMContext,
+    tools: ToolSet,
+    config: AgentConfig | None = None,
+    *,
+    user_prompt: str,
+    system_prompt: str | None = None,
+) -> RunOutput:
+    """Run the policy against ``sandbox`` until it finishes or a limit stops it; returns the exact record.
+
+    Policy-level endings (``finish_tool``, ``no_tool_call``, ``max_turns``, ``context_budget``,
+    ``loop_detected``, ``length``) return normally; infrastructure failures (LLM down, sandbox dead) raise
+    :class:`RaasError` so the pipeline can filter the trajectory instead of scoring it.
+    """
+    config = config or llm.agent
+    tok = llm.tokenizer
+    schemas = tools.schemas
+    system = system_prompt or ""
+    if not template_supports_tools(tok):
+        system = (system + "\n\n" if system else "") + describe_tools_for_prompt(schemas)
+    init_messages = [{"role": "system", "content": system}, {"role": "user", "content": user_prompt}]
+    conv = tok.conversation(messages=init_messages, tools=schemas)
+
+    st = _State()
+    st.add_prompt(list(conv.prompt_ids))
+    st.messages.append(Message(role="system", content=system))
+    st.messages.append(Message(role="user", content=user_prompt, input_ids=list(st.pending_prompt)))
+    if st.seq_len() >= config.context_budget:
+        raise RaasError(
+            f"the initial prompt ({st.seq_len()} tokens) does not fit the context budget "
+            f"({config.context_budget})", kind="context_window_exceeded", stage="run")
+
+    finish_reason = "max_turns"
+    answer: str | None = None
+    last_key: str | None = None
+    repeats = 0
+    started = time.monotonic()
+    try:
+        for turn_index in range(config.max_turns):
+            remaining = config.context_budget - st.seq_len()
+            if remaining <= 0:
+                finish_reason = "context_budget"
+                break
+            sampling = _sampling(llm, job, min(config.max_tokens_per_turn, remaining))
+            prompt_len = st.seq_len()
+            try:
+                res = await llm.balancer.generate(st.seq(), sampling, trajectory_id=job.trajectory_id)
+            except RaasError as e:
+                if e.kind == "context_window_exceeded" and st.turns:
+                    finish_reason = "context_budget"
+                    st.bump("server_context_exceeded")
+                    break
+                raise
+            output_ids = list(res.output_ids)
+            logprobs = [float(x) for x in res.logprobs]
+            if len(logprobs) != len(output_ids):
+                raise RaasError(
+                    f"server returned {len(logprobs)} logprobs for {len(output_ids)} tokens",
+                    kind="llm_error", stage="run")
+            st.turns.append(Turn(
+                index=turn_index, prompt_ids=list(st.pending_prompt), prompt_is_delta=turn_index > 0,
+                prompt_len=prompt_len, output_ids=output_ids, logprobs=logprobs,
+                finish_reason=str(res.finish_reason), weight_version=res.weight_version, server=res.server,
+                latency_s=float(res.latency_s)))
+            st.bump("llm_latency_s", float(res.latency_s))
+            st.bump("response_tokens", len(output_ids))
+            st.pending_prompt = []
+            st.pieces.append(_Piece(output_ids, sampled=True, logprobs=logprobs))
+            assistant = conv.add_assistant(output_ids)
+            text = _assistant_text(assistant)
+            calls, errors = _parse(text)
+            msg = Message(role="assistant", content=text, tool_calls=calls or None, output_ids=output_ids,
+                          logprobs=logprobs)
+            st.messages.append(msg)
+
+            last_turn = turn_index + 1 >= config.max_turns
+            if not calls and not errors:
+                if config.stop_on_no_tool_call or last_turn:
+                    finish_reason = "length" if res.finish_reason == "length" else "no_tool_call"
+                    break
+                pending: list[Message] = [Message(role="user", content=NUDGE)]
+            else:
+                pending = []
+                stop: str | None = None
+                for err in errors:
+                    st.bump("malformed_tool_calls")
+                    pending.append(Message(role="tool", content=f"Error: malformed tool call: {err}",
+                                           name="error"))
+                for call in calls:
+                    key = _call_key(call.name, call.arguments)
+                    repeats = repeats + 1 if key == last_key else 1
+                    last_key = key
+                    if repeats >= config.loop_detection_repeats:
+                        stop = "loop_detected"
+                        break
+                    st.bump("tool_calls")
+                    bad = tools.check(call.name, call.arguments)
+                    if bad is None and tools.is_terminal(call.name):
+                        answer = str(call.arguments.get("answer", "")) if "answer" in call.arguments else ""
+                        stop = "finish_tool"
+                        break
+                    if bad is not None:
+                        st.bump("malformed_tool_calls")
+                        obs = bad
+                    else:
+                        t0 = time.monotonic()
+                        obs = await tools.dispatch(sandbox, call.name, call.arguments,
+                                                   timeout_s=config.tool_timeout_s,
+                                                   cap_bytes=config.observation_cap_bytes)
+                        st.bump("tool_time_s", time.monotonic() - t0)
+                    if obs.is_error and obs.kind not in ("unknown_tool", "bad_arguments"):
+                        st.bump("tool_errors")
+                    pending.append(_tool_message(call, obs))
+                if stop is not None:
+                    # Calls executed before the stop keep their observations, untokenized: the policy never
+                    # saw them, and the token sequence stays exactly what it did see.
+                    st.messages.extend(pending)
+                    finish_reason = stop
+                    break
+            if last_turn:
+                st.messages.extend(pending)
+                finish_reason = "max_turns"
+                break
+            before = st.seq_len()
+            delta = list(conv.add_messages([_as_chat(m) for m in pending]))
+            if before + len(delta) >= config.context_budget:
+                st.messages.extend(pending)
+                finish_reason = "context_budget"
+                break
+            st.add_prompt(delta)
+            pending[0].input_ids = delta
+            st.messages.extend(pending)
+            _check_sync(conv, st)
+    finally:
+        release = getattr(llm.balancer, "release", None)
+        if release is not None:
+            release(job.trajectory_id)
+
+    st.metrics["turns"] = float(len(st.turns))
+    st.metrics["run_agent_s"] = time.monotonic() - started
+    return RunOutput(
+        messages=st.messages, turns=st.turns, token_trajectory=_flatten(st),
+        finish_reason=finish_reason, answer=answer, metrics=st.metrics)
+
+
+def _assistant_text(assistant: Any) -> str:
+    if isinstance(assistant, str):
+        return assistant
+    if isinstance(assistant, dict):
+        return str(assistant.get("content") or "")
+    return str(getattr(assistant, "content", "") or "")
+
+
+def _tool_message(call: ToolCall, obs: Observation) -> Message:
+    return Message(role="tool", content=obs.text, tool_call_id=call.id, name=call.name)
+
+
+def _as_chat(m: Message) -> dict[str, Any]:
+    d: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_call_id:
+        d["tool_call_id"] = m.tool_call_id
+    if m.name:
+        d["name"] = m.name
+    return d
+
+
+def _check_sync(conv: Any, st: _State) -> None:
+    """The conversation's token view must equal the recorded pieces; a mismatch is a raas bug."""
+    ids = getattr(conv, "prompt_ids", None)
+    if ids is not None and list(ids) != st.seq():
+        raise RaasError("agent loop token record diverged from the conversation", kind="internal", stage="run")
+
+
+def _flatten(st: _State) -> TokenTrajectory:
+    """Prompt = the first prompt piece; response = everything after, mask 1 only on sampled tokens."""
+    traj = TokenTrajectory()
+    if not st.pieces:
+        return traj
+    traj.prompt_ids = list(st.pieces[0].ids)
+    for p in st.pieces[1:]:
+        traj.response_ids.extend(p.ids)
+        if p.sampled:
+            traj.loss_mask.extend([1] * len(p.ids))
+            traj.logprobs.extend(p.logprobs)
+        else:
+            traj.loss_mask.extend([0] * len(p.ids))
+            traj.logprobs.extend([0.0] * len(p.ids))
+    return traj

@@ -1,0 +1,248 @@
+"""The agent's tools: their JSON schemas (shown to the policy) and their dispatch to a sandbox's tool client.
+
+A tool failure the policy caused or can react to (bad arguments, a failing command, a timeout, a missing
+kernel) becomes an *observation* the policy reads; only failures of the infrastructure itself (the sandbox
+died, the tool server is gone) propagate as :class:`~raas.errors.RaasError` so the job is filtered.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from raas.errors import RaasError
+
+if TYPE_CHECKING:
+    from raas.sandbox import Sandbox
+
+FATAL_KINDS = frozenset({"sandbox_dead", "sandbox_start_failed", "internal", "cancelled"})
+"""Error kinds that end the job: the environment is gone, not the policy's doing."""
+
+TERMINAL_TOOLS = frozenset({"finish", "submit"})
+
+_EDITOR_COMMANDS = ["view", "create", "str_replace", "insert", "undo_edit"]
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "bash": {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a bash command in a persistent shell in the sandbox and return its output.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "The command to run."},
+                    "timeout": {"type": "number", "description": "Seconds before the command is interrupted."},
+                },
+                "required": ["command"],
+            },
+        },
+    },
+    "ipython": {
+        "type": "function",
+        "function": {
+            "name": "ipython",
+            "description": "Run Python code in a persistent IPython kernel; returns stdout, the value of "
+                           "the last expression and any error.",
+            "parameters": {
+                "type": "object",
+                "properties": {"code": {"type": "string", "description": "Python code to execute."}},
+                "required": ["code"],
+            },
+        },
+    },
+    "str_replace_editor": {
+        "type": "function",
+        "function": {
+            "name": "str_replace_editor",
+            "description": "View, create and edit files: view a file or directory, create a file, replace "
+                           "an exact unique string, insert text after a line, or undo the last edit.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "enum": _EDITOR_COMMANDS},
+                    "path": {"type": "string", "description": "Absolute path of the file or directory."},
+                    "file_text": {"type": "string", "description": "Content for `create`."},
+                    "old_str": {"type": "string", "description": "Exact text to replace (`str_replace`)."},
+                    "new_str": {"type": "string", "description": "Replacement or inserted text."},
+                    "insert_line": {"type": "integer", "description": "Insert after this line (`insert`)."},
+                    "view_range": {"type": "array", "items": {"type": "integer"},
+                                   "description": "[start, end] lines for `view`; end -1 means to the end."},
+                },
+                "required": ["command", "path"],
+            },
+        },
+    },
+    "finish": {
+        "type": "function",
+        "function": {
+            "name": "finish",
+            "description": "Submit the final answer and end the task.",
+            "parameters": {
+                "type": "object",
+                "properties": {"answer": {"type": "string", "description": "The final answer."}},
+                "required": ["answer"],
+            },
+        },
+    },
+}
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "number": (int, float), "integer": (int,), "array": (list,), "object": (dict,),
+    "boolean": (bool,),
+}
+
+
+@dataclass
+class Observation:
+    """What the policy reads back from one tool call."""
+
+    text: str
+    is_error: bool = False
+    kind: str | None = None
+    """The error kind when ``is_error`` (``bad_arguments``, ``unknown_tool``, ``tool_error``, ...)."""
+
+
+def truncate(text: str, cap_bytes: int) -> str:
+    """Keep the head and tail of ``text`` within ``cap_bytes`` UTF-8 bytes, marking what was cut."""
+    raw = text.encode("utf-8", errors="replace")
+    if len(raw) <= cap_bytes:
+        return text
+    half = max(cap_bytes // 2, 1)
+    cut = len(raw) - 2 * half
+    head = raw[:half].decode("utf-8", errors="ignore")
+    tail = raw[-half:].decode("utf-8", errors="ignore")
+    return f"{head}\n[... {cut} bytes truncated ...]\n{tail}"
+
+
+def _field(result: Any, name: str, default: Any = None) -> Any:
+    """Read a result field whether the client returns a model, a dataclass or a dict."""
+    if isinstance(result, Mapping):
+        return result.get(name, default)
+    return getattr(result, name, default)
+
+
+def validate_arguments(name: str, arguments: Mapping[str, Any]) -> str | None:
+    """A message naming what is wrong with ``arguments`` for tool ``name``, or None when they fit its schema."""
+    schema = SCHEMAS[name]["function"]["parameters"]
+    props: dict[str, Any] = schema["properties"]
+    missing = [k for k in schema.get("required", []) if k not in arguments]
+    if missing:
+        return f"missing required argument(s) {', '.join(missing)} for {name}"
+    unknown = [k for k in arguments if k not in props]
+    if unknown:
+        return f"unknown argument(s) {', '.join(unknown)} for {name} (allowed: {', '.join(props)})"
+    for key, value in arguments.items():
+        expected = props[key].get("type")
+        types = _TYPES.get(expected or "", ())
+        if value is None:
+            continue
+        if types and (not isinstance(value, types) or (expected in ("number", "integer") and isinstance(value, bool))):
+            return f"argument {key!r} of {name} must be of type {expected}, got {type(value).__name__}"
+        enum = props[key].get("enum")
+        if enum and value not in enum:
+            return f"argument {key!r} of {name} must be one of {', '.join(enum)}"
+    return None
+
+
+def _format_bash(r: Any) -> str:
+    out = str(_field(r, "output", "") or "")
+    code = _field(r, "exit_code")
+    notes = []
+    if _field(r, "timed_out"):
+        notes.append("the command timed out and was interrupted")
+    if _field(r, "restarted"):
+        notes.append("the shell was restarted")
+    tail = f"\n[exit code {code}]" if code is not None else ""
+    if notes:
+        tail += "\n[" + "; ".join(notes) + "]"
+    return (out if out else "(no output)") + tail
+
+
+def _format_ipython(r: Any) -> str:
+    parts: list[str] = []
+    for key in ("stdout", "stderr"):
+        val = _field(r, key)
+        if val:
+            parts.append(str(val).rstrip("\n"))
+    result = _field(r, "result")
+    if result not in (None, ""):
+        parts.append(f"Out: {result}")
+    err = _field(r, "error")
+    if err:
+        ename, evalue = _field(err, "ename", "Error"), _field(err, "evalue", "")
+        parts.append(f"{ename}: {evalue}")
+    images = _field(r, "images") or []
+    if images:
+        parts.append(f"[{len(images)} image(s) produced]")
+    if _field(r, "timed_out"):
+        parts.append("[execution timed out and was interrupted]")
+    if _field(r, "restarted"):
+        parts.append("[the kernel was restarted]")
+    return "\n".join(parts) if parts else "(no output)"
+
+
+class ToolSet:
+    """A named subset of the tools: the schemas passed to the chat template and the dispatcher."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        names = list(names)
+        unknown = [n for n in names if n not in SCHEMAS]
+        if unknown:
+            raise RaasError(f"unknown tool(s): {', '.join(unknown)}", kind="bad_request")
+        self.names = names
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        return [SCHEMAS[n] for n in self.names]
+
+    def is_terminal(self, name: str) -> bool:
+        return name in TERMINAL_TOOLS and name in self.names
+
+    def check(self, name: str, arguments: Mapping[str, Any]) -> Observation | None:
+        """An error observation when the call cannot be dispatched as written; None when it can."""
+        if name not in self.names:
+            return Observation(f"Error: unknown tool {name!r}. Available tools: {', '.join(self.names)}.",
+                               is_error=True, kind="unknown_tool")
+        problem = validate_arguments(name, arguments)
+        if problem:
+            return Observation(f"Error: {problem}.", is_error=True, kind="bad_arguments")
+        return None
+
+    async def dispatch(self, sandbox: Sandbox, name: str, arguments: Mapping[str, Any], *,
+                       timeout_s: float, cap_bytes: int) -> Observation:
+        """Run one (already checked) call in ``sandbox``; policy-level failures become observations."""
+        bad = self.check(name, arguments)
+        if bad is not None:
+            return bad
+        try:
+            if name == "bash":
+                timeout = arguments.get("timeout")
+                t = min(float(timeout), timeout_s) if timeout else timeout_s
+                text = _format_bash(await sandbox.tools.bash(str(arguments["command"]), timeout=t))
+            elif name == "ipython":
+                text = _format_ipython(await sandbox.tools.ipython(str(arguments["code"]), timeout=timeout_s))
+            elif name == "str_replace_editor":
+                extra = {k: v for k, v in arguments.items() if k not in ("command", "path") and v is not None}
+                r = await sandbox.tools.editor(str(arguments["command"]), str(arguments["path"]), **extra)
+                text = str(_field(r, "output", "") or "(no output)")
+            else:  # terminal tools are handled by the loop
+                return Observation(f"Error: {name} cannot be dispatched", is_error=True, kind="unknown_tool")
+        except RaasError as e:
+            if e.kind in FATAL_KINDS:
+                raise
+            return Observation(truncate(f"Error ({e.kind}): {e.message}", cap_bytes), is_error=True, kind=e.kind)
+        return Observation(truncate(text, cap_bytes))
+
+
+def describe_tools_for_prompt(schemas: list[dict[str, Any]]) -> str:
+    """Tool instructions for chat templates that ignore ``tools=`` (the Hermes ``<tool_call>`` format)."""
+    lines = [
+        "You can call tools. To call one, write a JSON object inside <tool_call></tool_call> tags, e.g.",
+        '<tool_call>\n{"name": "finish", "arguments": {"answer": "42"}}\n</tool_call>',
+        "Available tools:",
+    ]
+    lines.extend(json.dumps(s["function"], ensure_ascii=False) for s in schemas)
+    return "\n".join(lines)

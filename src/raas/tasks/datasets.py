@@ -1,0 +1,222 @@
+"""Datasets of task instances: the built-in math word problems and user files in the DeepScaleR shape.
+
+The built-in set is generated here from templates with answers computed by code, so ``raas run builtin:math``
+works on a machine with no network and every ground truth is exact. User datasets are JSONL or parquet files
+whose rows carry ``problem`` and ``answer`` (extra columns are kept in the instance).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from raas.errors import RaasError
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_MATH_DEFAULT_N = 16
+"""``builtin:math`` is the quick set (a few minutes with the embedded model on 2 cores)."""
+BUILTIN_MATH_MAX_N = 500
+_SEED = 20240601
+
+_NAMES = ["Ava", "Ben", "Chloe", "Diego", "Emma", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kira", "Liam",
+          "Maya", "Noah", "Olga", "Priya", "Quinn", "Rosa", "Sam", "Tara"]
+_ITEMS = [("apple", "apples"), ("pencil", "pencils"), ("notebook", "notebooks"), ("marble", "marbles"),
+          ("sticker", "stickers"), ("cookie", "cookies"), ("book", "books"), ("ticket", "tickets")]
+
+
+def _fmt(x: Fraction) -> str:
+    """An exact answer string: an integer, or a reduced fraction ``p/q``."""
+    return str(x.numerator) if x.denominator == 1 else f"{x.numerator}/{x.denominator}"
+
+
+def _shopping(r: random.Random) -> tuple[str, Fraction]:
+    name = r.choice(_NAMES)
+    item, items = r.choice(_ITEMS)
+    n, price, money = r.randint(3, 12), r.randint(2, 9), r.randint(120, 200)
+    return (f"{name} has {money} dollars and buys {n} {items} that cost {price} dollars per {item}. "
+            f"How many dollars does {name} have left?", Fraction(money - n * price))
+
+
+def _sharing(r: random.Random) -> tuple[str, Fraction]:
+    name = r.choice(_NAMES)
+    _, items = r.choice(_ITEMS)
+    friends, each, extra = r.randint(3, 9), r.randint(4, 15), r.randint(1, 20)
+    total = friends * each + extra
+    return (f"{name} has {total} {items}. {name} keeps {extra} and shares the rest equally among {friends} "
+            f"friends. How many {items} does each friend get?", Fraction(each))
+
+
+def _speed(r: random.Random) -> tuple[str, Fraction]:
+    name = r.choice(_NAMES)
+    speed, hours, minutes = r.randint(30, 90), r.randint(1, 5), r.choice([0, 15, 30, 45])
+    t = Fraction(hours) + Fraction(minutes, 60)
+    return (f"{name} drives at a constant {speed} kilometers per hour for {hours} hours and {minutes} minutes. "
+            f"How many kilometers does {name} travel?", speed * t)
+
+
+def _ages(r: random.Random) -> tuple[str, Fraction]:
+    a, b = r.sample(_NAMES, 2)
+    child, k, years = r.randint(4, 15), r.randint(2, 4), r.randint(2, 12)
+    return (f"{a} is {k} times as old as {b}. {b} is {child} years old. How old will {a} be in {years} years?",
+            Fraction(k * child + years))
+
+
+def _rectangle(r: random.Random) -> tuple[str, Fraction]:
+    w, extra = r.randint(3, 20), r.randint(1, 15)
+    length = w + extra
+    perimeter = 2 * (w + length)
+    return (f"A rectangle is {extra} meters longer than it is wide and its perimeter is {perimeter} meters. "
+            f"What is its area in square meters?", Fraction(w * length))
+
+
+def _percent(r: random.Random) -> tuple[str, Fraction]:
+    price, off = r.randint(4, 40) * 5, r.choice([10, 15, 20, 25, 30, 40, 50])
+    tax = r.choice([0, 5, 10])
+    final = Fraction(price) * (100 - off) / 100 * (100 + tax) / 100
+    tail = f" and then a {tax}% tax is added to the discounted price" if tax else ""
+    return (f"A jacket costs {price} dollars. It is discounted by {off}%{tail}. What is the final price in "
+            f"dollars?", final)
+
+
+def _fractions(r: random.Random) -> tuple[str, Fraction]:
+    name = r.choice(_NAMES)
+    total = r.choice([24, 36, 48, 60, 72, 90, 120])
+    a, b = r.choice([(1, 2), (1, 3), (2, 3), (1, 4), (3, 4)]), r.choice([(1, 2), (1, 3), (1, 4), (1, 5)])
+    after_first = Fraction(total) * (1 - Fraction(*a))
+    left = after_first * (1 - Fraction(*b))
+    return (f"{name} has a {total}-page book. On Monday {name} reads {a[0]}/{a[1]} of the book, and on Tuesday "
+            f"{name} reads {b[0]}/{b[1]} of the pages that were left. How many pages are still unread?", left)
+
+
+def _work_rate(r: random.Random) -> tuple[str, Fraction]:
+    x, y = r.sample([2, 3, 4, 5, 6, 8, 10, 12], 2)
+    return (f"One pipe fills a tank in {x} hours and another fills it in {y} hours. How many hours do they "
+            f"take to fill the tank together?", 1 / (Fraction(1, x) + Fraction(1, y)))
+
+
+def _sum_series(r: random.Random) -> tuple[str, Fraction]:
+    start, step, n = r.randint(1, 10), r.randint(2, 7), r.randint(5, 20)
+    last = start + (n - 1) * step
+    return (f"What is the sum of the arithmetic sequence {start}, {start + step}, {start + 2 * step}, ..., "
+            f"{last}?", Fraction(n * (start + last), 2))
+
+
+def _coins(r: random.Random) -> tuple[str, Fraction]:
+    name = r.choice(_NAMES)
+    q, d, n = r.randint(2, 15), r.randint(2, 20), r.randint(1, 25)
+    return (f"{name} has {q} quarters, {d} dimes and {n} nickels. How many cents does {name} have in total?",
+            Fraction(25 * q + 10 * d + 5 * n))
+
+
+def _average(r: random.Random) -> tuple[str, Fraction]:
+    name = r.choice(_NAMES)
+    scores = [r.randint(60, 100) for _ in range(r.randint(3, 5))]
+    target = r.randint(75, 95)
+    need = target * (len(scores) + 1) - sum(scores)
+    listed = ", ".join(str(s) for s in scores)
+    return (f"{name} scored {listed} on the first {len(scores)} tests. What score does {name} need on the "
+            f"next test for the average of all {len(scores) + 1} tests to be exactly {target}?", Fraction(need))
+
+
+def _mixture(r: random.Random) -> tuple[str, Fraction]:
+    a, b = r.randint(2, 10), r.randint(2, 10)
+    pa, pb = r.choice([10, 20, 30, 40]), r.choice([50, 60, 70, 80])
+    pct = Fraction(a * pa + b * pb, a + b)
+    return (f"{a} liters of a {pa}% salt solution are mixed with {b} liters of a {pb}% salt solution. What "
+            f"is the salt percentage of the mixture?", pct)
+
+
+_TEMPLATES: list[Callable[[random.Random], tuple[str, Fraction]]] = [
+    _shopping, _sharing, _speed, _ages, _rectangle, _percent, _fractions, _work_rate, _sum_series, _coins,
+    _average, _mixture,
+]
+
+
+def builtin_math(n: int = BUILTIN_MATH_DEFAULT_N) -> list[dict[str, Any]]:
+    """``n`` deterministic math word problems (the same ``n`` always gives the same list, prefix-stable)."""
+    if not 1 <= n <= BUILTIN_MATH_MAX_N:
+        raise RaasError(f"builtin:math size must be in 1..{BUILTIN_MATH_MAX_N}, got {n}", kind="bad_request")
+    out: list[dict[str, Any]] = []
+    for i in range(n):
+        r = random.Random(_SEED * 1000 + i)
+        problem, answer = _TEMPLATES[i % len(_TEMPLATES)](r)
+        out.append({
+            "instance_id": f"builtin-math-{i:04d}",
+            "data_source": "math",
+            "problem": problem,
+            "answer": _fmt(answer),
+        })
+    return out
+
+
+def _normalise_row(row: dict[str, Any], index: int, origin: str, data_source: str) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise RaasError(f"{origin}: row {index} is not an object", kind="bad_request")
+    inst = dict(row)
+    if "problem" not in inst or "answer" not in inst:
+        if "data_source" not in inst:
+            raise RaasError(f"{origin}: row {index} needs 'problem' and 'answer' (or its own 'data_source')",
+                            kind="bad_request")
+    if "answer" in inst and not isinstance(inst["answer"], str):
+        inst["answer"] = str(inst["answer"])
+    inst.setdefault("data_source", data_source)
+    inst.setdefault("instance_id", f"{Path(origin).stem}-{index:05d}")
+    return inst
+
+
+def load_file(path: Path, data_source: str = "math") -> list[dict[str, Any]]:
+    """Rows of a ``.jsonl``/``.json``/``.parquet`` file as instances (``data_source`` defaults to math)."""
+    if not path.is_file():
+        raise RaasError(f"dataset file {path} not found", kind="bad_request")
+    rows: list[Any]
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as e:  # pyarrow raises several unrelated types for a bad file
+            raise RaasError(f"{path}: not a readable parquet file: {e}", kind="bad_request") from e
+    elif suffix in (".jsonl", ".ndjson"):
+        rows = []
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise RaasError(f"{path}:{lineno}: invalid JSON: {e.msg}", kind="bad_request") from e
+    elif suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise RaasError(f"{path}: invalid JSON: {e.msg}", kind="bad_request") from e
+        if not isinstance(data, list):
+            raise RaasError(f"{path}: a .json dataset must be a list of objects", kind="bad_request")
+        rows = data
+    else:
+        raise RaasError(f"{path}: unknown dataset format (use .jsonl, .json or .parquet)", kind="bad_request")
+    return [_normalise_row(row, i, str(path), data_source) for i, row in enumerate(rows)]
+
+
+def load_dataset(name: str) -> list[dict[str, Any]]:
+    """Resolve a dataset name: ``builtin:math`` (16), ``builtin:math:N`` (N problems) or a file path."""
+    if name.startswith(BUILTIN_PREFIX):
+        spec = name[len(BUILTIN_PREFIX):]
+        base, _, size = spec.partition(":")
+        if base != "math":
+            raise RaasError(f"unknown built-in dataset {name!r} (known: builtin:math, builtin:math:N)",
+                            kind="bad_request")
+        if not size:
+            return builtin_math()
+        try:
+            n = int(size)
+        except ValueError as e:
+            raise RaasError(f"bad size in {name!r}: expected an integer", kind="bad_request") from e
+        return builtin_math(n)
+    return load_file(Path(name).expanduser())

@@ -74,6 +74,15 @@ def unregister(name: str) -> None:
         _instances.pop(name, None)
 
 
+def rescan() -> None:
+    """Forget loaded plug-ins and read the ``raas.tasks`` entry points again (after installing one)."""
+    global _entry_points_loaded
+    with _lock:
+        _entry_points_loaded = False
+        _broken.clear()
+        _instances.clear()
+
+
 def list_handlers() -> list[str]:
     """Names of every handler that can be looked up."""
     _ensure()

@@ -1,0 +1,172 @@
+"""Process hygiene: become a subreaper, reap children, find and kill descendants via /proc.
+
+Every process a sandbox starts must end with the server; orphaned grandchildren (``cmd &``, ``setsid``,
+double forks) are re-parented to the server as a child subreaper, so walking the parent links from
+our own pid finds all of them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from typing import Callable, Dict, Iterable, List, Optional, Set
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def become_subreaper() -> bool:
+    """Best effort: orphans of our descendants get re-parented to us instead of to init."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """Best effort: get ``sig`` when the process that started us goes away."""
+    return _prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def _read_stat(pid: int) -> Optional[List[str]]:
+    """Fields of /proc/PID/stat after the command name (state is index 0, ppid 1, pgrp 2, sid 3)."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    end = data.rfind(")")
+    if end < 0:
+        return None
+    return data[end + 2 :].split()
+
+
+def process_table() -> Dict[int, List[str]]:
+    table = {}  # type: Dict[int, List[str]]
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return table
+    for name in names:
+        if name.isdigit():
+            stat = _read_stat(int(name))
+            if stat is not None:
+                table[int(name)] = stat
+    return table
+
+
+def descendants(root: int, table: Optional[Dict[int, List[str]]] = None) -> Set[int]:
+    """All live processes whose parent chain reaches ``root`` (zombies excluded)."""
+    if table is None:
+        table = process_table()
+    children = {}  # type: Dict[int, List[int]]
+    for pid, stat in table.items():
+        children.setdefault(int(stat[1]), []).append(pid)
+    found = set()  # type: Set[int]
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return {pid for pid in found if table[pid][0] != "Z"}
+
+
+def session_members(sid: int, table: Optional[Dict[int, List[str]]] = None) -> Set[int]:
+    """Live processes in terminal session ``sid`` (a bash on a pty and all of its jobs)."""
+    if table is None:
+        table = process_table()
+    return {pid for pid, stat in table.items() if int(stat[3]) == sid and stat[0] != "Z"}
+
+
+def kill_all(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
+    for pid in pids:
+        if pid > 1 and pid != os.getpid():
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILL ``root``'s terminal session, its descendants, and the root itself."""
+    table = process_table()
+    targets = session_members(root, table) | descendants(root, table) | {root}
+    kill_all(targets)
+
+
+class Reaper:
+    """Reaps every exited child (we are a subreaper) and hands exit statuses to whoever waits on a pid."""
+
+    def __init__(self) -> None:
+        self._watchers = {}  # type: Dict[int, Callable[[int], None]]
+
+    def watch(self, pid: int, callback: Callable[[int], None]) -> None:
+        """Call ``callback(returncode)`` once ``pid`` has exited.
+
+        Register right after starting the child, in the same loop iteration: reaping runs as an event
+        loop callback, so it cannot collect the child in between.
+        """
+        self._watchers[pid] = callback
+
+    def unwatch(self, pid: int) -> None:
+        self._watchers.pop(pid, None)
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            except InterruptedError:
+                continue
+            if pid == 0:
+                return
+            code = _returncode(status)
+            callback = self._watchers.pop(pid, None)
+            if callback is not None:
+                callback(code)
+
+
+def _returncode(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    return -1
+
+
+def kill_descendants_and_wait(deadline_s: float = 3.0) -> None:
+    """Kill every descendant of this process and reap them, until none is left or the deadline passes."""
+    me = os.getpid()
+    end = time.monotonic() + deadline_s
+    while True:
+        left = descendants(me)
+        if not left:
+            break
+        kill_all(left)
+        _reap_nowait()
+        if time.monotonic() > end:
+            break
+        # Shutdown path only: give SIGKILLed processes a moment to turn into reapable zombies.
+        time.sleep(0.005)
+    _reap_nowait()
+
+
+def _reap_nowait() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+        if pid == 0:
+            return

@@ -1,0 +1,398 @@
+"""The tool server: a Unix-socket front end that validates requests and routes them to the tools.
+
+One asyncio loop serves every connection; requests on a connection run concurrently and answer out
+of order. The server owns everything it starts: on SIGTERM/SIGINT, ``server.shutdown``, losing its
+parent, or (with ``--watch-stdin``) EOF on stdin, it kills every process it started, removes its
+temporary files and its socket, and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from typing import Any, Awaitable, Callable, Dict, Optional, Tuple
+
+from . import procs
+from .bash import BashTool
+from .protocol import (
+    BAD_REQUEST,
+    DEFAULT_MAX_FRAME,
+    DEFAULT_OUTPUT_CAP,
+    INTERNAL,
+    PAYLOAD_TOO_LARGE,
+    PROTOCOL_VERSION,
+    READY_LINE,
+    SANDBOX_ID_ENV,
+    ProtocolError,
+    decode_body,
+    encode_frame,
+    error_response,
+    ok_response,
+    read_frame,
+)
+
+# Argument specs: name -> (type tag, required). Type tags: str, num (>= 0), int (>= 0), list, any.
+ArgSpec = Dict[str, Tuple[str, bool]]
+_SPECS = {
+    ("server", "ping"): {},
+    ("server", "shutdown"): {},
+    ("bash", "run"): {
+        "command": ("str", True),
+        "session": ("str", False),
+        "timeout": ("num", False),
+        "no_output_timeout": ("num", False),
+        "output_cap": ("int", False),
+    },
+    ("bash", "close"): {"session": ("str", True)},
+    ("bash", "list"): {},
+    ("ipython", "run"): {"code": ("str", True), "timeout": ("num", False), "output_cap": ("int", False)},
+    ("ipython", "restart"): {},
+    ("editor", "run"): {
+        "command": ("str", True),
+        "path": ("str", True),
+        "file_text": ("str", False),
+        "old_str": ("str", False),
+        "new_str": ("str", False),
+        "insert_line": ("int", False),
+        "view_range": ("list", False),
+    },
+    ("files", "upload"): {"path": ("str", True), "data_b64": ("str", True), "mode": ("int", False)},
+    ("files", "download"): {"path": ("str", True)},
+    ("files", "write"): {"path": ("str", True), "content_b64": ("str", True), "mode": ("int", False)},
+    ("files", "read"): {"path": ("str", True)},
+}  # type: Dict[Tuple[str, str], ArgSpec]
+
+
+def validate_args(tool: str, op: str, args: Any) -> Dict[str, Any]:
+    """Check a request's tool, op and argument names/types against the spec table."""
+    spec = _SPECS.get((tool, op))
+    if spec is None:
+        known = sorted({t for t, _ in _SPECS})
+        if tool not in known:
+            raise ProtocolError(BAD_REQUEST, "unknown tool %r (known: %s)" % (tool, ", ".join(known)))
+        ops = sorted(o for t, o in _SPECS if t == tool)
+        raise ProtocolError(BAD_REQUEST, "unknown op %r for tool %r (known: %s)" % (op, tool, ", ".join(ops)))
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise ProtocolError(BAD_REQUEST, "args must be an object")
+    unknown = sorted(set(args) - set(spec))
+    if unknown:
+        raise ProtocolError(BAD_REQUEST, "unknown argument(s) for %s.%s: %s" % (tool, op, ", ".join(unknown)))
+    out = {}  # type: Dict[str, Any]
+    for name, (tag, required) in spec.items():
+        value = args.get(name)
+        if value is None:
+            if required:
+                raise ProtocolError(BAD_REQUEST, "%s.%s needs argument %r" % (tool, op, name))
+            continue
+        _check_type(tool, op, name, tag, value)
+        out[name] = value
+    return out
+
+
+def _check_type(tool: str, op: str, name: str, tag: str, value: Any) -> None:
+    ok = True
+    if tag == "str":
+        ok = isinstance(value, str)
+    elif tag in ("num", "int"):
+        numeric = (int,) if tag == "int" else (int, float)
+        ok = isinstance(value, numeric) and not isinstance(value, bool) and value >= 0 and value == value
+    elif tag == "list":
+        ok = isinstance(value, list)
+    if not ok:
+        want = {"str": "a string", "num": "a number >= 0", "int": "an integer >= 0", "list": "a list"}[tag]
+        raise ProtocolError(BAD_REQUEST, "%s.%s argument %r must be %s" % (tool, op, name, want))
+
+
+class ToolServer:
+    """Owns the listening socket, the tools, and every process they start."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        workdir: str,
+        output_cap: int = DEFAULT_OUTPUT_CAP,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        max_sessions: int = 64,
+        watch_stdin: bool = False,
+    ) -> None:
+        self.socket_path = socket_path
+        self.workdir = workdir
+        self.output_cap = output_cap
+        self.max_frame = max_frame
+        self.watch_stdin = watch_stdin
+        self.max_sessions = max_sessions
+        self.tmpdir = tempfile.mkdtemp(prefix="raas-ts-")
+        self.reaper = procs.Reaper()
+        self.env = _child_env()
+        self.bash = BashTool(workdir, self.env, self.tmpdir, self.reaper, max_sessions)
+        self._ipython = None  # type: Any
+        self._editor = None  # type: Any
+        self._stop = None  # type: Optional[asyncio.Event]
+        self._server = None  # type: Optional[asyncio.AbstractServer]
+        self._conns = {}  # type: Dict[asyncio.StreamWriter, Optional[asyncio.Task]]
+        self._tasks = set()  # type: Set[asyncio.Task]
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def serve(self) -> int:
+        loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        parent = os.getppid()
+        procs.become_subreaper()
+        procs.die_with_parent(signal.SIGTERM)
+        loop.add_signal_handler(signal.SIGCHLD, self.reaper.reap)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(sig, self._stop.set)
+        if os.getppid() != parent:
+            self._stop.set()
+        try:
+            _remove_stale_socket(self.socket_path)
+            self._server = await asyncio.start_unix_server(
+                self._handle_conn, path=self.socket_path, limit=2**16
+            )
+            if self.watch_stdin:
+                self._watch_stdin(loop)
+            _announce_ready()
+            await self._stop.wait()
+        finally:
+            await self._shutdown()
+        return 0
+
+    def _watch_stdin(self, loop: asyncio.AbstractEventLoop) -> None:
+        def on_stdin() -> None:
+            try:
+                data = os.read(0, 4096)
+            except OSError:
+                data = b""
+            if not data:
+                loop.remove_reader(0)
+                assert self._stop is not None
+                self._stop.set()
+
+        loop.add_reader(0, on_stdin)
+
+    async def _shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        conn_tasks = [t for t in self._conns.values() if t is not None]
+        for writer in list(self._conns):
+            writer.close()  # the handler sees EOF and returns by itself
+        for task in list(self._tasks):
+            task.cancel()
+        pending = conn_tasks + list(self._tasks)
+        if pending:
+            await asyncio.wait(pending, timeout=2.0)
+        self.bash.close_all()
+        if self._ipython is not None:
+            await self._ipython.close()
+        procs.kill_descendants_and_wait()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        try:
+            os.unlink(self.socket_path)
+        except OSError:
+            pass
+
+    # -- connections ---------------------------------------------------------------------------
+
+    async def _handle_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._conns[writer] = asyncio.current_task()
+        drain_lock = asyncio.Lock()
+
+        async def send(msg: Dict[str, Any]) -> None:
+            frame = encode_frame(msg)
+            if len(frame) - 4 > self.max_frame:
+                msg = error_response(
+                    msg.get("id"),
+                    PAYLOAD_TOO_LARGE,
+                    "response of %d bytes exceeds the frame limit of %d bytes"
+                    % (len(frame) - 4, self.max_frame),
+                )
+                frame = encode_frame(msg)
+            if writer.is_closing():
+                return
+            writer.write(frame)
+            async with drain_lock:
+                try:
+                    await writer.drain()
+                except (ConnectionError, OSError):
+                    pass
+
+        try:
+            while True:
+                try:
+                    body = await read_frame(reader, self.max_frame)
+                except ProtocolError as exc:
+                    # The stream position is lost (or the peer is misbehaving): answer, then hang up.
+                    await send(error_response(None, exc.kind, exc.message))
+                    break
+                if body is None:
+                    break
+                task = asyncio.ensure_future(self._serve_one(body, send))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self._conns.pop(writer, None)
+            writer.close()
+
+    async def _serve_one(self, body: bytes, send: Callable[[Dict[str, Any]], Awaitable[None]]) -> None:
+        req_id = None  # type: Any
+        req = {}  # type: Dict[str, Any]
+        try:
+            req = decode_body(body)
+            req_id = req.get("id")
+            if req.get("v", PROTOCOL_VERSION) != PROTOCOL_VERSION:
+                raise ProtocolError(BAD_REQUEST, "unsupported protocol version %r" % (req.get("v"),))
+            tool, op = req.get("tool"), req.get("op")
+            if not isinstance(tool, str) or not isinstance(op, str):
+                raise ProtocolError(BAD_REQUEST, "request needs string fields 'tool' and 'op'")
+            args = validate_args(tool, op, req.get("args"))
+            result = await self._dispatch(tool, op, args)
+            response = ok_response(req_id, result)
+        except ProtocolError as exc:
+            response = error_response(req_id, exc.kind, exc.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug must not take the server down
+            response = error_response(req_id, INTERNAL, "%s: %s" % (type(exc).__name__, exc))
+        await send(response)
+        if response.get("ok") and req.get("tool") == "server" and req.get("op") == "shutdown":
+            assert self._stop is not None
+            self._stop.set()
+
+    async def _dispatch(self, tool: str, op: str, args: Dict[str, Any]) -> Dict[str, Any]:
+        if tool == "server":
+            if op == "ping":
+                return self.info()
+            return {"stopping": True}
+        if tool == "bash":
+            if op == "run":
+                return await self.bash.run(
+                    args["command"],
+                    args.get("session", "default"),
+                    args.get("timeout"),
+                    args.get("no_output_timeout"),
+                    args.get("output_cap", self.output_cap),
+                )
+            if op == "close":
+                return {"closed": self.bash.close(args["session"])}
+            return {"sessions": self.bash.list()}
+        if tool == "ipython":
+            ipy = self.ipython()
+            if op == "restart":
+                return await ipy.restart()
+            return await ipy.run(args["code"], args.get("timeout"), args.get("output_cap", self.output_cap))
+        if tool == "editor":
+            editor = self.editor()
+            return await _in_thread(editor.run, args)
+        from . import files
+
+        handler = getattr(files, op)
+        return await _in_thread(handler, args, self.max_frame)
+
+    # -- tools -------------------------------------------------------------------------------
+
+    def ipython(self) -> Any:
+        if self._ipython is None:
+            from .ipython import IPythonTool
+
+            self._ipython = IPythonTool(self.workdir, self.env, self.tmpdir, self.reaper)
+        return self._ipython
+
+    def editor(self) -> Any:
+        if self._editor is None:
+            from .editor import Editor
+
+            self._editor = Editor(self.output_cap)
+        return self._editor
+
+    def info(self) -> Dict[str, Any]:
+        from .ipython import ipython_available
+
+        return {
+            "version": PROTOCOL_VERSION,
+            "pid": os.getpid(),
+            "python": "%d.%d.%d" % sys.version_info[:3],
+            "sandbox_id": os.environ.get(SANDBOX_ID_ENV),
+            "tools": {"bash": True, "ipython": ipython_available(), "editor": True, "files": True},
+        }
+
+
+async def _in_thread(fn: Callable[..., Dict[str, Any]], *args: Any) -> Dict[str, Any]:
+    """Blocking file work runs off the loop so a large upload does not stall other requests."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+def _remove_stale_socket(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _child_env() -> Dict[str, str]:
+    """Environment for shells and kernels: ours, minus the bundle on PYTHONPATH, with the sandbox id."""
+    env = dict(os.environ)
+    bundle = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if "PYTHONPATH" in env:
+        parts = [p for p in env["PYTHONPATH"].split(os.pathsep) if p and os.path.abspath(p) != bundle]
+        if parts:
+            env["PYTHONPATH"] = os.pathsep.join(parts)
+        else:
+            del env["PYTHONPATH"]
+    return env
+
+
+def _announce_ready() -> None:
+    """Print the ready line, then point stdout at /dev/null so a pipe nobody reads can never block us."""
+    sys.stdout.write(READY_LINE + "\n")
+    sys.stdout.flush()
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, 1)
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="raas_toolserver", description="raas in-sandbox tool server")
+    p.add_argument("--socket", required=True, help="Unix socket path to listen on")
+    p.add_argument("--workdir", default=None, help="working directory of shells and kernels")
+    p.add_argument("--output-cap", type=int, default=DEFAULT_OUTPUT_CAP, help="default output cap (bytes)")
+    p.add_argument("--max-frame", type=int, default=DEFAULT_MAX_FRAME, help="largest frame accepted (bytes)")
+    p.add_argument("--max-sessions", type=int, default=64, help="most bash sessions at once")
+    p.add_argument("--watch-stdin", action="store_true", help="exit when stdin reaches EOF")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = parse_args(argv)
+    if SANDBOX_ID_ENV not in os.environ:
+        os.environ[SANDBOX_ID_ENV] = "pid-%d" % os.getpid()
+    workdir = os.path.abspath(args.workdir or os.getcwd())
+    os.makedirs(workdir, exist_ok=True)
+    os.chdir(workdir)
+    server = ToolServer(
+        args.socket,
+        workdir,
+        output_cap=max(args.output_cap, 64),
+        max_frame=args.max_frame,
+        max_sessions=args.max_sessions,
+        watch_stdin=args.watch_stdin,
+    )
+    try:
+        code = asyncio.run(server.serve())
+    except KeyboardInterrupt:
+        code = 0
+    sys.stderr.flush()
+    # Kernel client threads (zmq) must not hold up the exit; everything we own is already gone.
+    os._exit(code)

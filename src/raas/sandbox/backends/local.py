@@ -1,0 +1,44 @@
+"""The ``local`` backend: the tool server as a plain host process in its own workspace dir.
+
+No isolation at all (trusted tasks and development); it is the fastest backend and the baseline the
+others are measured against. The server runs on the host's own Python with the tool-server bundle on
+``PYTHONPATH``; the workspace is a host dir, so ``config.workdir`` is ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from raas.sandbox.base import LaunchSpec, Sandbox
+from raas.sandbox.limits import python_command, rlimit_args
+
+# Host variables worth keeping (locale, temp dir); everything else is dropped for reproducibility.
+PASS_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
+
+
+class LocalSandbox(Sandbox):
+    """Host process, own session and workspace; dies with its parent where ``setpriv`` exists."""
+
+    backend_name = "local"
+
+    def build_launch(self) -> LaunchSpec:
+        cfg = self.config
+        env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
+        env.update(
+            PATH=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            HOME=str(self.home),
+            TMPDIR=str(self.home),
+            PYTHONPATH=str(self.bundle_dir),
+            PYTHONDONTWRITEBYTECODE="1",
+        )
+        env.update(cfg.env)
+        limits = rlimit_args(cfg.memory_mb, cfg.file_size_mb, cfg.max_procs)
+        argv = python_command(sys.executable, "raas_toolserver",
+                              self.server_args(str(self.socket_path), str(self.workspace)), limits)
+        setpriv = shutil.which("setpriv")
+        if setpriv:
+            # If the host process dies without running any cleanup, the server dies with it.
+            argv = [setpriv, "--pdeathsig", "KILL", "--", *argv]
+        return LaunchSpec(argv=argv, env=env, cwd=str(self.workspace))

@@ -1,0 +1,404 @@
+"""The sandbox interface shared by every backend, its configuration, and the backend factory.
+
+A backend only says *how to launch* the tool server (:meth:`Sandbox.build_launch`, a pure function of
+the config and paths, so command construction is unit-testable without the runtime installed). This
+class owns everything else: the scratch dirs, spawning, waiting for the ready line on a pipe, the
+tool client, death detection and a close() that always leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import os
+import shutil
+import signal
+import stat
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from raas.errors import RaasError
+from raas.sandbox import procs
+
+if TYPE_CHECKING:
+    from raas.sandbox.client import ToolClient
+
+READY_LINE = b"RAAS_TOOLSERVER_READY 1"
+INNER_RUN = "/.raas/run"
+INNER_LIB = "/.raas/lib"
+SOCKET_NAME = "tool.sock"
+# AF_UNIX sun_path is 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+class SandboxConfig(BaseModel):
+    """How to run one sandbox; backends read the fields that apply to them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: str = "local"
+    image: str | None = Field(default=None, description="rootfs dir, SIF file, docker://, docker-archive:, oci-archive:")
+    network: bool = False
+    fakeroot: bool = True
+    workdir: str = "/workspace"
+    env: dict[str, str] = Field(default_factory=dict)
+    binds: list[str] = Field(default_factory=list, description="HOST:DEST[:ro|rw]")
+    command_timeout_s: float | None = None
+    output_cap_bytes: int = 30000
+    memory_mb: int | None = None
+    file_size_mb: int | None = None
+    max_procs: int | None = None
+    start_timeout_s: float = 60.0
+    python: str = "python3"
+    extra_args: list[str] = Field(default_factory=list, description="extra runtime flags, backend-specific")
+
+    @field_validator("binds")
+    @classmethod
+    def _check_binds(cls, v: list[str]) -> list[str]:
+        for b in v:
+            parse_bind(b)
+        return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _check_workdir(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("workdir must be an absolute path")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not k or "=" in k or "\0" in k or k == procs.ENV_KEY:
+                raise ValueError(f"invalid environment variable name {k!r}")
+        return v
+
+
+def parse_bind(spec: str) -> tuple[str, str, bool]:
+    """``HOST:DEST[:ro|rw]`` → (host, dest, read_only); raises ValueError on a malformed spec."""
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or not parts[0].startswith("/") or not parts[1].startswith("/"):
+        raise ValueError(f"bind {spec!r} is not HOST:DEST[:ro|rw] with absolute paths")
+    mode = parts[2] if len(parts) == 3 else "rw"
+    if mode not in ("ro", "rw"):
+        raise ValueError(f"bind {spec!r}: mode must be ro or rw")
+    return parts[0], parts[1], mode == "ro"
+
+
+@dataclass
+class LaunchSpec:
+    """What to exec on the host to get a tool server that prints the ready line on stdout."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None = None
+    # Paths the backend created and that close() must remove besides the scratch dir.
+    extra_cleanup: list[Path] = field(default_factory=list)
+
+
+class Sandbox(ABC):
+    """One running sandbox: a tool server reachable over ``<run_dir>/tool.sock``."""
+
+    backend_name: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        config: SandboxConfig,
+        *,
+        sandbox_id: str,
+        owner: str,
+        scratch: Path,
+        bundle_dir: Path,
+        on_close: Callable[[Sandbox], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.id = sandbox_id
+        self.owner = owner
+        self.scratch = scratch
+        self.bundle_dir = bundle_dir
+        self.lease_deadline: float | None = None
+        self._on_close = on_close
+        self._proc: asyncio.subprocess.Process | None = None
+        self._client: ToolClient | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+        self._close_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._dead_reason: str | None = None
+        self.pid: int | None = None
+        self.pid_start: int | None = None
+        self.started_at: float | None = None
+        self.ready_s: float | None = None
+
+    # ---- paths -------------------------------------------------------------------------------------
+    @property
+    def run_dir(self) -> Path:
+        return self.scratch / "run"
+
+    @property
+    def workspace(self) -> Path:
+        """Host dir that appears at ``config.workdir`` inside (the local backend works in it directly)."""
+        return self.scratch / "ws"
+
+    @property
+    def home(self) -> Path:
+        return self.scratch / "home"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.run_dir / SOCKET_NAME
+
+    @property
+    def log_path(self) -> Path:
+        return self.scratch / "server.log"
+
+    # ---- backend hooks -----------------------------------------------------------------------------
+    @abstractmethod
+    def build_launch(self) -> LaunchSpec:
+        """The host command for this sandbox (pure: no side effects, so it is unit-testable)."""
+
+    def prepare(self) -> None:
+        """Backend-specific preparation before launch (image conversion, extra dirs). Blocking."""
+        return None
+
+    def server_args(self, socket: str, workdir: str) -> list[str]:
+        """Arguments of ``python3 -m raas_toolserver``."""
+        args = ["--socket", socket, "--workdir", workdir, "--watch-stdin"]
+        if self.config.output_cap_bytes:
+            args += ["--output-cap", str(self.config.output_cap_bytes)]
+        return args
+
+    # ---- state -------------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None and not self._closed
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def tools(self) -> ToolClient:
+        """The tool client; raises ``sandbox_dead`` once the sandbox died or was closed."""
+        if self._closed:
+            raise RaasError(f"sandbox {self.id} is closed", kind="sandbox_dead")
+        if self._dead_reason is not None:
+            raise RaasError(f"sandbox {self.id} died: {self._dead_reason}", kind="sandbox_dead")
+        if self._client is None:
+            raise RaasError(f"sandbox {self.id} is not started", kind="sandbox_dead")
+        return self._client
+
+    def describe(self) -> dict[str, Any]:
+        """The state-dir record: enough to find and reap this sandbox after a crash."""
+        return {
+            "id": self.id,
+            "owner": self.owner,
+            "backend": self.backend_name,
+            "pid": self.pid,
+            "pid_start": self.pid_start,
+            "scratch": str(self.scratch),
+            "created": self.started_at,
+            "lease_deadline": self.lease_deadline,
+        }
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Launch and wait for the ready line; on any failure or cancel, clean up and re-raise."""
+        self.started_at = time.time()
+        t0 = time.perf_counter()
+        try:
+            for d in (self.run_dir, self.workspace, self.home):
+                d.mkdir(parents=True, exist_ok=True)
+            self.workspace.chmod(0o777)
+            if len(str(self.socket_path)) > MAX_SOCKET_PATH:
+                raise RaasError(f"socket path {self.socket_path} is too long for AF_UNIX", kind="bad_request")
+            await asyncio.to_thread(self.prepare)
+            spec = self.build_launch()
+            env = dict(spec.env)
+            env[procs.ENV_KEY] = self.id
+            try:
+                log = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    self._proc = await asyncio.create_subprocess_exec(
+                        *spec.argv,
+                        # The server exits when this pipe closes: it dies with us, however we die.
+                        stdin=asyncio.subprocess.PIPE,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=log,
+                        env=env,
+                        cwd=spec.cwd,
+                        start_new_session=True,
+                    )
+                finally:
+                    os.close(log)
+            except OSError as e:
+                raise RaasError(f"cannot launch {spec.argv[0]}: {e}", kind="sandbox_start_failed") from e
+            self.pid = self._proc.pid
+            self.pid_start = procs.start_time(self._proc.pid)
+            self._extra_cleanup = spec.extra_cleanup
+            await self._wait_ready()
+            self._client = await self._connect()
+            self._watch_task = asyncio.create_task(self._watch(), name=f"watch-{self.id}")
+            self.ready_s = time.perf_counter() - t0
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _wait_ready(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        stdout = self._proc.stdout
+
+        async def read_until_ready() -> None:
+            while True:
+                line = await stdout.readline()
+                if not line:
+                    await self._proc.wait()  # type: ignore[union-attr]
+                    raise RaasError(
+                        f"{self.backend_name} sandbox exited (code {self._proc.returncode}) before ready: "  # type: ignore[union-attr]
+                        f"{self._log_tail()}",
+                        kind="sandbox_start_failed",
+                    )
+                if line.rstrip(b"\r\n") == READY_LINE:
+                    return
+
+        try:
+            await asyncio.wait_for(read_until_ready(), self.config.start_timeout_s)
+        except TimeoutError as e:
+            raise RaasError(
+                f"{self.backend_name} sandbox not ready after {self.config.start_timeout_s}s: {self._log_tail()}",
+                kind="sandbox_start_failed",
+            ) from e
+        self._drain_task = asyncio.create_task(self._drain(), name=f"drain-{self.id}")
+
+    async def _drain(self) -> None:
+        """Keep reading stdout so a chatty server never blocks on a full pipe."""
+        assert self._proc is not None and self._proc.stdout is not None
+        with contextlib.suppress(Exception):
+            while await self._proc.stdout.read(65536):
+                pass
+
+    async def _connect(self) -> ToolClient:
+        from raas.sandbox.client import ToolClient
+
+        try:
+            client = await ToolClient.connect(
+                str(self.socket_path),
+                default_timeout=self.config.command_timeout_s,
+            )
+        except RaasError as e:
+            raise RaasError(f"cannot reach the tool server: {e.message}", kind="sandbox_start_failed") from e
+        return client
+
+    async def _watch(self) -> None:
+        """Notice a sandbox that dies on its own: tool calls then fail with ``sandbox_dead``."""
+        assert self._proc is not None
+        code = await self._proc.wait()
+        if self._closed:
+            return
+        self._dead_reason = f"tool server exited with code {code}"
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.close()
+        # Whatever it left behind (bash sessions live in their own sessions) goes now.
+        await asyncio.to_thread(procs.kill_by_env, self.id)
+
+    def _log_tail(self, n: int = 2000) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return "(no log)"
+        return data[-n:].decode(errors="replace").strip() or "(empty log)"
+
+    async def close(self) -> None:
+        """Kill the whole tree, remove dirs and socket. Idempotent; finishes even when cancelled."""
+        if self._close_task is None:
+            self._close_task = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._close_task)
+
+    async def _close(self) -> None:
+        self._closed = True
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.close()
+        proc = self._proc
+        if proc is not None and proc.stdin is not None:
+            with contextlib.suppress(Exception):
+                proc.stdin.close()
+        if proc is not None and proc.returncode is None:
+            procs.killpg_quietly(proc.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 2.0)
+            except TimeoutError:
+                procs.killpg_quietly(proc.pid, signal.SIGKILL)
+                procs.kill_quietly(proc.pid, signal.SIGKILL)
+                await proc.wait()
+        for task in (self._watch_task, self._drain_task):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        await asyncio.to_thread(self._cleanup_sync)
+
+    def kill_sync(self) -> None:
+        """Synchronous last-resort close for atexit and signal handlers (no event loop needed)."""
+        self._closed = True
+        if self._proc is not None and self._proc.returncode is None:
+            procs.killpg_quietly(self._proc.pid, signal.SIGKILL)
+            procs.kill_quietly(self._proc.pid, signal.SIGKILL)
+        self._cleanup_sync()
+
+    def _cleanup_sync(self) -> None:
+        procs.kill_by_env(self.id)
+        for p in getattr(self, "_extra_cleanup", []):
+            remove_tree(p)
+        remove_tree(self.scratch)
+        if self._on_close is not None:
+            cb, self._on_close = self._on_close, None
+            cb(self)
+
+
+def remove_tree(path: Path) -> None:
+    """rm -rf that also copes with read-only dirs a sandbox created inside its workspace."""
+
+    def fix(func: Callable[..., Any], p: str, exc_info: Any) -> None:
+        if isinstance(exc_info[1], FileNotFoundError):
+            return
+        with contextlib.suppress(OSError):
+            parent = os.path.dirname(p)
+            os.chmod(parent, os.stat(parent).st_mode | stat.S_IRWXU)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, os.stat(p).st_mode | stat.S_IRWXU)
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                func(p)
+
+    if path.exists() or path.is_symlink():
+        shutil.rmtree(path, onerror=fix)
+
+
+BACKENDS: dict[str, str] = {
+    "local": "raas.sandbox.backends.local:LocalSandbox",
+    "bwrap": "raas.sandbox.backends.bwrap:BwrapSandbox",
+    "apptainer": "raas.sandbox.backends.apptainer:ApptainerSandbox",
+    "singularity": "raas.sandbox.backends.apptainer:ApptainerSandbox",
+    "docker": "raas.sandbox.backends.docker:DockerSandbox",
+    "podman": "raas.sandbox.backends.docker:PodmanSandbox",
+}
+
+
+def backend_class(name: str) -> type[Sandbox]:
+    """The Sandbox subclass for backend ``name`` (imported lazily)."""
+    try:
+        target = BACKENDS[name]
+    except KeyError:
+        raise RaasError(f"unknown sandbox backend {name!r}; known: {', '.join(BACKENDS)}", kind="bad_request") from None
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]

@@ -1,0 +1,264 @@
+"""The sandbox manager: who owns which sandbox, for how long, and cleaning up after crashes.
+
+State lives in one directory: ``records/<id>.json`` per live sandbox (written *before* anything is
+started, so a crash at any point leaves a trace), the tool-server bundle, and — when the path is short
+enough for AF_UNIX sockets — the sandboxes' scratch dirs. A manager started on the same state dir
+after a crash reaps what the dead run left: only processes proven to be its own (pid + start time +
+``RAAS_SANDBOX_ID`` in ``/proc/PID/environ``), never by name.
+
+Sandboxes are also closed at interpreter exit (atexit) and on SIGTERM/SIGHUP when nobody else handles
+those signals; bwrap sandboxes additionally die with the host process (``--die-with-parent``) and
+local ones through ``setpriv --pdeathsig``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import secrets
+import signal
+import tempfile
+import threading
+import weakref
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from raas.errors import RaasError
+from raas.sandbox import procs
+from raas.sandbox.base import MAX_SOCKET_PATH, SOCKET_NAME, Sandbox, SandboxConfig, backend_class, remove_tree
+
+log = logging.getLogger(__name__)
+
+_MANAGERS: weakref.WeakSet[SandboxManager] = weakref.WeakSet()
+_HOOKS_INSTALLED = False
+
+
+def new_sandbox_id() -> str:
+    return "sb-" + secrets.token_hex(6)
+
+
+def _atexit_close_all() -> None:
+    for m in list(_MANAGERS):
+        m.close_all_sync()
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    _atexit_close_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_exit_hooks() -> None:
+    """atexit always; SIGTERM/SIGHUP only where nobody installed a handler (a server installs its own)."""
+    global _HOOKS_INSTALLED
+    if _HOOKS_INSTALLED:
+        return
+    _HOOKS_INSTALLED = True
+    atexit.register(_atexit_close_all)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, _on_signal)
+
+
+class SandboxManager:
+    """Starts sandboxes for owners, tracks leases, closes them, and reaps a crashed run's leftovers."""
+
+    def __init__(self, state_dir: str | Path, *, scratch_root: str | Path | None = None,
+                 default_lease_s: float | None = None) -> None:
+        self.state_dir = Path(state_dir).absolute()
+        self.records_dir = self.state_dir / "records"
+        self.records_dir.mkdir(parents=True, exist_ok=True)
+        self.scratch_root = Path(scratch_root).absolute() if scratch_root else self._default_scratch()
+        self.scratch_root.mkdir(parents=True, exist_ok=True)
+        self.default_lease_s = default_lease_s
+        self._pid = os.getpid()
+        self._pid_start = procs.start_time(self._pid)
+        self._live: dict[str, Sandbox] = {}
+        self._lease_timers: dict[str, asyncio.TimerHandle] = {}
+        self._bundle: Path | None = None
+        self._bundle_lock = asyncio.Lock()
+        self._expiring: set[asyncio.Task[None]] = set()
+        _MANAGERS.add(self)
+        _install_exit_hooks()
+
+    # ---- paths -------------------------------------------------------------------------------------
+    def _default_scratch(self) -> Path:
+        """``<state>/sb`` when the socket path fits in AF_UNIX's limit, else a short dir in /tmp."""
+        here = self.state_dir / "sb"
+        probe = here / new_sandbox_id() / "run" / SOCKET_NAME
+        if len(str(probe)) <= MAX_SOCKET_PATH:
+            return here
+        tag = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:10]
+        return Path(tempfile.gettempdir()) / f"raas-{os.geteuid()}-{tag}"
+
+    def _record_path(self, sandbox_id: str) -> Path:
+        return self.records_dir / f"{sandbox_id}.json"
+
+    def _write_record(self, sb: Sandbox) -> None:
+        data = sb.describe()
+        data["manager"] = {"pid": self._pid, "start": self._pid_start}
+        path = self._record_path(sb.id)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+
+    def _forget(self, sb: Sandbox) -> None:
+        """Called by a sandbox when it finished closing."""
+        self._live.pop(sb.id, None)
+        timer = self._lease_timers.pop(sb.id, None)
+        if timer is not None:
+            timer.cancel()
+        with contextlib.suppress(FileNotFoundError):
+            self._record_path(sb.id).unlink()
+
+    # ---- the bundle ----------------------------------------------------------------------------------
+    async def bundle_dir(self) -> Path:
+        """The tool-server bundle (built once per manager; bound read-only into every sandbox)."""
+        async with self._bundle_lock:
+            if self._bundle is None:
+                self._bundle = await asyncio.to_thread(self._build_bundle)
+            return self._bundle
+
+    def _build_bundle(self) -> Path:
+        from raas.toolserver.bundle import build_bundle
+
+        # Content-addressed and shared by every manager of this state dir.
+        return build_bundle(self.state_dir / "bundles")
+
+    # ---- starting ------------------------------------------------------------------------------------
+    async def start(self, config: SandboxConfig, *, owner: str, lease_s: float | None = None) -> Sandbox:
+        """Start a sandbox and wait until its tool server answers; the caller closes it."""
+        cls = backend_class(config.backend)
+        bundle = await self.bundle_dir()
+        sid = new_sandbox_id()
+        sb = cls(config, sandbox_id=sid, owner=owner, scratch=self.scratch_root / sid, bundle_dir=bundle,
+                 on_close=self._forget)
+        lease = lease_s if lease_s is not None else self.default_lease_s
+        if lease is not None:
+            sb.lease_deadline = asyncio.get_running_loop().time() + lease
+        self._live[sid] = sb
+        self._write_record(sb)  # before any process exists: a crash from here on is reapable
+        try:
+            await sb.start()
+        except BaseException:
+            await sb.close()
+            raise
+        self._write_record(sb)  # now with the pid
+        if lease is not None:
+            self._arm_lease(sb, lease)
+        return sb
+
+    @contextlib.asynccontextmanager
+    async def sandbox(self, config: SandboxConfig, *, owner: str,
+                      lease_s: float | None = None) -> AsyncIterator[Sandbox]:
+        """``async with``: the sandbox is closed on success, error, timeout and cancellation."""
+        sb = await self.start(config, owner=owner, lease_s=lease_s)
+        try:
+            yield sb
+        finally:
+            await sb.close()
+
+    # ---- leases --------------------------------------------------------------------------------------
+    def _arm_lease(self, sb: Sandbox, lease_s: float) -> None:
+        old = self._lease_timers.pop(sb.id, None)
+        if old is not None:
+            old.cancel()
+        loop = asyncio.get_running_loop()
+        sb.lease_deadline = loop.time() + lease_s
+
+        def expire() -> None:
+            self._lease_timers.pop(sb.id, None)
+            if not sb.closed:
+                log.warning("sandbox %s (owner %s) lease expired; closing it", sb.id, sb.owner)
+                task = loop.create_task(sb.close())
+                self._expiring.add(task)
+                task.add_done_callback(self._expiring.discard)
+
+        self._lease_timers[sb.id] = loop.call_later(lease_s, expire)
+
+    def renew(self, sb: Sandbox, lease_s: float) -> None:
+        """Extend a sandbox's lease to ``lease_s`` seconds from now."""
+        if sb.closed:
+            raise RaasError(f"sandbox {sb.id} is closed", kind="sandbox_dead")
+        self._arm_lease(sb, lease_s)
+        self._write_record(sb)
+
+    # ---- closing -------------------------------------------------------------------------------------
+    def list(self, owner: str | None = None) -> list[Sandbox]:
+        return [s for s in self._live.values() if owner is None or s.owner == owner]
+
+    async def close_owner(self, owner: str) -> int:
+        """Close every sandbox ``owner`` still holds (a job's safety net); returns how many."""
+        doomed = self.list(owner)
+        await asyncio.shield(asyncio.gather(*(s.close() for s in doomed), return_exceptions=True))
+        return len(doomed)
+
+    async def close_all(self) -> None:
+        doomed = list(self._live.values())
+        await asyncio.shield(asyncio.gather(*(s.close() for s in doomed), return_exceptions=True))
+
+    def close_all_sync(self) -> None:
+        """No event loop needed: for atexit and signal handlers."""
+        for sb in list(self._live.values()):
+            with contextlib.suppress(Exception):
+                sb.kill_sync()
+
+    # ---- reaping -------------------------------------------------------------------------------------
+    async def reap_stale(self) -> list[str]:
+        """Reap sandboxes that a dead previous run of this state dir left behind; returns their ids."""
+        return await asyncio.to_thread(self._reap_stale_sync)
+
+    def _record_is_live_elsewhere(self, rec: dict[str, Any]) -> bool:
+        mgr = rec.get("manager") or {}
+        pid, start = mgr.get("pid"), mgr.get("start")
+        if not isinstance(pid, int):
+            return False
+        if pid == self._pid and start == self._pid_start:
+            return True  # ours
+        return procs.is_same_process(pid, start)
+
+    def _reap_stale_sync(self) -> list[str]:
+        reaped: list[str] = []
+        lock_fd = os.open(self.state_dir / ".reap.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            for path in sorted(self.records_dir.glob("sb-*.json")):
+                try:
+                    rec = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    rec = {"id": path.stem}
+                sid = str(rec.get("id", path.stem))
+                if sid != path.stem or self._record_is_live_elsewhere(rec):
+                    continue
+                pid, start = rec.get("pid"), rec.get("pid_start")
+                if isinstance(pid, int) and procs.is_same_process(pid, start, sid):
+                    procs.killpg_quietly(pid)
+                    procs.kill_quietly(pid)
+                procs.kill_by_env(sid)
+                scratch = Path(str(rec.get("scratch", "")))
+                # Only ever delete dirs named after the sandbox inside a scratch root we use.
+                if scratch.name == sid and scratch.parent == self.scratch_root:
+                    remove_tree(scratch)
+                path.unlink(missing_ok=True)
+                reaped.append(sid)
+            # Scratch dirs without a record (lost between mkdir and the first record write).
+            live = set(self._live)
+            for d in self.scratch_root.glob("sb-*"):
+                if d.name not in live and not self._record_path(d.name).exists():
+                    procs.kill_by_env(d.name)
+                    remove_tree(d)
+                    reaped.append(d.name)
+        finally:
+            os.close(lock_fd)
+        if reaped:
+            log.warning("reaped %d stale sandboxes from %s", len(reaped), self.state_dir)
+        return reaped

@@ -1,0 +1,130 @@
+"""Finding and killing the processes of one sandbox through /proc.
+
+Every process raas starts for a sandbox carries ``RAAS_SANDBOX_ID=<id>`` in its environment (inherited
+by everything it spawns), so a sandbox's processes can be found even after they left its process group
+or session (bash on a pty runs in its own session), and a crashed run's leftovers can be told apart
+from everyone else's. A pid alone is never trusted: it is checked together with its start time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+ENV_KEY = "RAAS_SANDBOX_ID"
+
+
+def start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat), None if gone."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # The command name may contain spaces and parentheses: split after the last ')'.
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def environ_value(pid: int, key: str = ENV_KEY) -> str | None:
+    """The value of ``key`` in the environment ``pid`` was started with, None if absent/unreadable."""
+    try:
+        data = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = key.encode() + b"="
+    for item in data.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix) :].decode(errors="replace")
+    return None
+
+
+def _all_pids() -> Iterator[int]:
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                yield int(name)
+
+
+def pids_with_env(value: str, key: str = ENV_KEY) -> list[int]:
+    """Pids (other than ours) whose environment has ``key=value``; only our uid's unless we are root."""
+    me = os.getpid()
+    uid = os.geteuid()
+    found = []
+    for pid in _all_pids():
+        if pid == me:
+            continue
+        if uid != 0:
+            try:
+                if os.stat(f"/proc/{pid}").st_uid != uid:
+                    continue
+            except OSError:
+                continue
+        if environ_value(pid, key) == value:
+            found.append(pid)
+    return found
+
+
+def pids_with_env_prefix(prefix: str, key: str = ENV_KEY) -> dict[int, str]:
+    """Pids whose ``key`` value starts with ``prefix`` (leak checks), mapped to that value."""
+    out: dict[int, str] = {}
+    for pid in _all_pids():
+        if pid == os.getpid():
+            continue
+        value = environ_value(pid, key)
+        if value is not None and value.startswith(prefix):
+            out[pid] = value
+    return out
+
+
+def is_same_process(pid: int, started: int | None, sandbox_id: str | None = None) -> bool:
+    """True when ``pid`` is still the process recorded as (pid, start time[, sandbox id])."""
+    if started is None or start_time(pid) != started:
+        return False
+    return sandbox_id is None or environ_value(pid) == sandbox_id
+
+
+def kill_quietly(pid: int, sig: int = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def killpg_quietly(pgid: int, sig: int = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def kill_by_env(value: str, rounds: int = 5) -> int:
+    """SIGKILL every process tagged with sandbox id ``value``; repeat so late forks are caught too.
+
+    Stopping first means a process cannot fork between being found and being killed.
+    Returns how many distinct processes were signalled.
+    """
+    seen: set[int] = set()
+    for _ in range(rounds):
+        pids = pids_with_env(value)
+        if not pids:
+            break
+        for pid in pids:
+            kill_quietly(pid, signal.SIGSTOP)
+        for pid in pids:
+            kill_quietly(pid, signal.SIGKILL)
+        seen.update(pids)
+    return len(seen)
+
+
+def mounts_under(path: str | Path) -> list[str]:
+    """Mount points in our mount namespace at or below ``path`` (leak checks, stale build dirs)."""
+    root = os.path.realpath(path)
+    out = []
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        for line in f:
+            mnt = line.split()[4].replace("\\040", " ")
+            if mnt == root or mnt.startswith(root.rstrip("/") + "/"):
+                out.append(mnt)
+    return out

@@ -1,10 +1,46 @@
-"""The ``raas`` command line: one typer app composed of the sub-apps each layer owns."""
+"""The ``raas`` command line: ``serve``, ``run``, ``status`` here, plus the sub-apps each layer owns.
+
+``raas run builtin:math`` is the first command a new user types: with no ``--server`` and no ``--llm`` it
+brings up everything in this process (the embedded llama.cpp model server, the rollout service on a free
+port), runs the dataset over HTTP exactly as a trainer would, prints a summary, and tears it all down.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+from rich.console import Console
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from raas.errors import RaasError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="raas: Rollout-as-a-Service")
+console = Console(stderr=True)
+
+DEFAULT_SERVER = "http://127.0.0.1:8008"
+MATH_IMAGE_PACKAGES = ("python3", "python3-ipykernel", "python3-jupyter-client")
+"""What the math task needs inside a Debian sandbox image (IPython kernel for the ``ipython`` tool)."""
+TERMINAL = ("completed", "failed", "timeout", "cancelled")
+IN_FLIGHT = ("queued", "init", "queued_run", "run", "queued_eval", "eval")
+_JOB_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._:@+=-]")
 
 
 def _mount() -> None:
@@ -17,7 +53,450 @@ def _mount() -> None:
     app.add_typer(tokenizer_app, name="tokenizer", help="Chat-template checks.")
 
 
+def _fail(exc: RaasError) -> typer.Exit:
+    console.print(f"[red]error[/red] ({exc.kind}): {exc.message}")
+    return typer.Exit(2 if exc.kind == "bad_request" else 1)
+
+
+# -- sandbox choice ---------------------------------------------------------------------------------------
+
+def choose_sandbox(backend: str, image: str | None) -> dict[str, Any]:
+    """The default sandbox fields for the service: bwrap with the math image when this machine can run it
+    (building the image once if needed), else ``local``."""
+    if backend == "local":
+        return {"backend": "local"}
+    if backend not in ("auto", "bwrap", "apptainer"):
+        return {"backend": backend, **({"image": image} if image else {})}
+    if image:
+        return {"backend": "bwrap" if backend == "auto" else backend, "image": image}
+    from raas.sandbox.images import ImageSpec, build_rootfs, rootfs_path
+
+    spec = ImageSpec(packages=MATH_IMAGE_PACKAGES)
+    built = (rootfs_path(spec) / "usr").is_dir()
+    can_build = os.geteuid() == 0 and shutil.which("debootstrap") is not None
+    if backend == "auto" and (shutil.which("bwrap") is None or not (built or can_build)):
+        console.print("[yellow]bwrap or a sandbox image is unavailable: using the 'local' sandbox "
+                      "(no isolation)[/yellow]")
+        return {"backend": "local"}
+    if not built:
+        with console.status("building the sandbox image once (debootstrap, about two minutes)..."):
+            build_rootfs(spec)
+    return {"backend": "bwrap" if backend == "auto" else backend, "image": str(rootfs_path(spec))}
+
+
+# -- in-process service -----------------------------------------------------------------------------------
+
+def _quiet_uvicorn(app_: Any) -> Any:
+    """A uvicorn server that leaves signal handling to its caller (``raas run`` owns Ctrl-C)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Server(uvicorn.Config(app_, log_level="warning", lifespan="on", access_log=False))
+
+
+@contextlib.asynccontextmanager
+async def service_in_process(config: Any) -> AsyncIterator[str]:
+    """Run the rollout service and its HTTP API on a free local port; yields the base URL."""
+    from raas.api.app import create_app
+    from raas.pipeline.service import RolloutService
+
+    service = RolloutService(config)
+    await service.start()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        server = _quiet_uvicorn(create_app(service))
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        try:
+            while not server.started:
+                if task.done():
+                    task.result()
+                    raise RaasError("the API server stopped during start-up", kind="internal")
+                await asyncio.sleep(0.02)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.should_exit = True
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(task, 15)
+    finally:
+        sock.close()
+        await service.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def embedded_llm(context: int) -> AsyncIterator[str]:
+    """The embedded llama.cpp SmolLM2 server for the length of the block; yields its URL."""
+    from raas.llm.embedded import EmbeddedServer
+
+    server = EmbeddedServer(ctx_per_slot=context)
+    await server.start()
+    try:
+        yield server.url
+    finally:
+        await server.stop()
+
+
+# -- the run driver ---------------------------------------------------------------------------------------
+
+def make_jobs(instances: list[dict[str, Any]], n_samples: int, run_id: str,
+              sampling_params: dict[str, Any] | None, timeout_s: float | None) -> list[dict[str, Any]]:
+    """One request per (instance, sample); job ids are unique per run so reruns never collide."""
+    jobs = []
+    for i, inst in enumerate(instances):
+        for k in range(n_samples):
+            body: dict[str, Any] = {"instance": inst, "job_id": f"{run_id}-{i:05d}-{k}"}
+            if sampling_params:
+                body["sampling_params"] = sampling_params
+            if timeout_s:
+                body["timeout_s"] = timeout_s
+            jobs.append(body)
+    return jobs
+
+
+class RunProgress:
+    """Live view of a run: jobs per state, from the event stream and from results as they arrive."""
+
+    def __init__(self, total: int) -> None:
+        self.state: dict[str, str] = {}
+        self.total = total
+        self.progress = Progress(
+            TextColumn("[bold]rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.description}"), console=console, transient=False)
+        self.task = self.progress.add_task("", total=total)
+
+    def set(self, job_id: str, status: str) -> None:
+        if self.state.get(job_id) in TERMINAL:
+            return
+        self.state[job_id] = status
+        self.refresh()
+
+    def counts(self) -> Counter[str]:
+        return Counter(self.state.values())
+
+    def refresh(self) -> None:
+        c = self.counts()
+        done = sum(c[s] for s in TERMINAL)
+        desc = (f"done {c['completed']}  failed {c['failed'] + c['timeout'] + c['cancelled']}  |  "
+                f"init {c['queued'] + c['init']}  run {c['queued_run'] + c['run']}  "
+                f"eval {c['queued_eval'] + c['eval']}")
+        self.progress.update(self.task, completed=done, description=desc)
+
+
+async def drive(client: Any, jobs: list[dict[str, Any]], progress: RunProgress | None = None,
+                *, job_timeout_s: float | None = None, parallel_polls: int = 48) -> list[dict[str, Any]]:
+    """Submit ``jobs`` and collect every result (in submission order)."""
+    progress = progress or RunProgress(len(jobs))
+    events_task = asyncio.create_task(_follow_events(client, progress))
+    try:
+        await asyncio.sleep(0)  # let the subscription open before the first job can move
+        accepted = []
+        for start in range(0, len(jobs), 256):
+            accepted.extend(await client.submit_batch(jobs[start:start + 256]))
+        for item in accepted:
+            progress.set(str(item.get("job_id")), str(item.get("status", "queued")))
+        gate = asyncio.Semaphore(parallel_polls)
+
+        async def one(job_id: str) -> dict[str, Any]:
+            async with gate:
+                res = await client.wait(job_id, timeout_s=job_timeout_s)
+            progress.set(job_id, str(res.get("status")))
+            return res
+
+        return list(await asyncio.gather(*(one(j["job_id"]) for j in jobs)))
+    finally:
+        events_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await events_task
+
+
+async def _follow_events(client: Any, progress: RunProgress) -> None:
+    """Best effort: stage changes for the live view (results come from long-polls, not from here)."""
+    with contextlib.suppress(RaasError):
+        async for ev in client.events():
+            job_id, status = ev.get("job_id"), ev.get("status")
+            if job_id in progress.state and isinstance(status, str):
+                progress.set(job_id, status)
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Numbers for the summary table (also returned as JSON by ``raas run --json``)."""
+    status = Counter(r.get("status") for r in results)
+    scored = [r for r in results if r.get("reward") is not None and not r.get("filter")]
+    rewards = [float(r["reward"]) for r in scored]
+    failures = Counter(
+        f"{(r.get('error') or {}).get('stage')}/{(r.get('error') or {}).get('kind')}"
+        for r in results if r.get("error"))
+    timing: dict[str, dict[str, float]] = {}
+    for key in ("queue_s", "init_s", "run_s", "eval_s", "total_s"):
+        vals = [float((r.get("timing") or {}).get(key) or 0.0) for r in results]
+        timing[key] = {"p50": _pct(vals, 0.5), "p90": _pct(vals, 0.9), "max": max(vals) if vals else float("nan")}
+    turns = [len(r.get("turns") or []) for r in results]
+    return {
+        "jobs": len(results), "status": dict(status), "scored": len(scored),
+        "filtered": sum(1 for r in results if r.get("filter")),
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "pass_rate": sum(1 for x in rewards if x >= 1.0) / len(rewards) if rewards else None,
+        "mean_turns": sum(turns) / len(turns) if turns else 0.0,
+        "failures": dict(failures), "timing": timing,
+    }
+
+
+def print_summary(s: dict[str, Any], wall_s: float) -> None:
+    out = Console()
+    t = Table(title="raas run", show_header=False)
+    t.add_row("jobs", str(s["jobs"]))
+    t.add_row("status", ", ".join(f"{k} {v}" for k, v in sorted(s["status"].items())))
+    t.add_row("scored / filtered", f"{s['scored']} / {s['filtered']}")
+    t.add_row("reward mean", "n/a" if s["reward_mean"] is None else f"{s['reward_mean']:.3f}")
+    t.add_row("pass rate", "n/a" if s["pass_rate"] is None else f"{s['pass_rate']:.1%}")
+    t.add_row("mean turns", f"{s['mean_turns']:.2f}")
+    t.add_row("wall time", f"{wall_s:.1f} s")
+    out.print(t)
+    tt = Table(title="time per stage (s)")
+    for col in ("stage", "p50", "p90", "max"):
+        tt.add_column(col, justify="right" if col != "stage" else "left")
+    for key, v in s["timing"].items():
+        tt.add_row(key.removesuffix("_s"), f"{v['p50']:.2f}", f"{v['p90']:.2f}", f"{v['max']:.2f}")
+    out.print(tt)
+    if s["failures"]:
+        ft = Table(title="failures by stage/kind")
+        ft.add_column("stage/kind")
+        ft.add_column("count", justify="right")
+        for k, n in sorted(s["failures"].items(), key=lambda kv: -kv[1]):
+            ft.add_row(k, str(n))
+        out.print(ft)
+
+
+def write_jsonl(path: Path, results: list[dict[str, Any]]) -> None:
+    tmp = path.with_name(path.name + ".part")
+    with tmp.open("w", encoding="utf-8") as f:
+        for r in results:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+async def run_dataset(
+    instances: list[dict[str, Any]], *, n_samples: int, server: str | None, llm: list[str], out: Path | None,
+    sandbox: dict[str, Any] | None, agent: dict[str, Any], sampling: dict[str, Any], job_timeout_s: float,
+    workers: tuple[int, int, int], tokenizer_dir: Path | None, llm_context: int, token: str | None,
+) -> dict[str, Any]:
+    """Run every instance ``n_samples`` times and return the summary; the whole stack lives and dies here
+    unless ``server`` points at a running service."""
+    from raas.trainer.client import RaasClient
+
+    run_id = "run-" + secrets.token_hex(4)
+    jobs = make_jobs(instances, n_samples, run_id, sampling, job_timeout_s)
+    started = time.monotonic()
+    async with contextlib.AsyncExitStack() as stack:
+        url = server
+        if url is None:
+            from raas.agent.config import AgentConfig
+            from raas.llm.models import default_tokenizer_dir
+            from raas.pipeline.config import ServiceConfig
+
+            servers = list(llm)
+            if not servers:
+                with console.status("starting the embedded model server (llama.cpp, SmolLM2-135M)..."):
+                    servers = [await stack.enter_async_context(embedded_llm(llm_context))]
+            state = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="raas-run-")))
+            config = ServiceConfig(
+                state_dir=state, sandbox=sandbox or {"backend": "local"}, llm_servers=servers,
+                tokenizer_dir=tokenizer_dir or default_tokenizer_dir(), agent=AgentConfig(**agent),
+                init_workers=workers[0], run_workers=workers[1], eval_workers=workers[2],
+                default_timeout_s=job_timeout_s, shutdown_grace_s=0.0, max_pending=max(1024, len(jobs)))
+            with console.status("starting the rollout service..."):
+                url = await stack.enter_async_context(service_in_process(config))
+        client = await stack.enter_async_context(RaasClient(url, token=token, timeout_s=60.0))
+        progress = RunProgress(len(jobs))
+        with Live(progress.progress, console=console, refresh_per_second=4, transient=False):
+            results = await drive(client, jobs, progress, job_timeout_s=job_timeout_s * 4 + 60)
+    wall = time.monotonic() - started
+    if out is not None:
+        write_jsonl(out, results)
+    summary = summarize(results)
+    summary["wall_s"] = wall
+    print_summary(summary, wall)
+    return summary
+
+
+def _run_main(coro: Any) -> Any:
+    """Run ``coro``; SIGINT/SIGTERM cancel it so every ``finally`` (servers, sandboxes, temp dirs) runs."""
+
+    async def main() -> Any:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            return await coro
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        console.print("[yellow]interrupted: everything was shut down[/yellow]")
+        raise typer.Exit(130) from None
+
+
+# -- commands ---------------------------------------------------------------------------------------------
+
+@app.command()
+def run(
+    dataset: Annotated[str, typer.Argument(help="builtin:math, builtin:math:N, or a .jsonl/.parquet file")],
+    n_samples: Annotated[int, typer.Option("--n-samples", "-n", min=1, help="Rollouts per instance")] = 1,
+    server: Annotated[str | None, typer.Option(help="Use a running raas service at this URL")] = None,
+    llm: Annotated[list[str] | None, typer.Option(help="Inference server URL (repeatable); default: embedded")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write results as JSONL")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Use only the first N instances")] = None,
+    sandbox: Annotated[str, typer.Option(help="auto (bwrap if possible, else local), bwrap, apptainer, local")] = "auto",
+    image: Annotated[str | None, typer.Option(help="Sandbox image (rootfs dir, SIF, docker://...)")] = None,
+    max_turns: Annotated[int, typer.Option(min=1)] = 4,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens per turn")] = 256,
+    context_budget: Annotated[int, typer.Option(min=64, help="Prompt + response tokens per rollout")] = 2048,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed (per request)")] = None,
+    timeout: Annotated[float, typer.Option(min=1.0, help="Seconds of in-stage time per rollout")] = 300.0,
+    init_workers: Annotated[int, typer.Option(min=1)] = 4,
+    run_workers: Annotated[int, typer.Option(min=1)] = 8,
+    eval_workers: Annotated[int, typer.Option(min=1)] = 2,
+    tokenizer: Annotated[Path | None, typer.Option(help="Chat tokenizer dir (default: the embedded model's)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout")] = False,
+) -> None:
+    """Run a dataset end to end and summarise it (starts everything in-process unless --server is given)."""
+    from raas.tasks.datasets import load_dataset
+
+    try:
+        instances = load_dataset(dataset)
+        if limit is not None:
+            instances = instances[:limit]
+        if not instances:
+            raise RaasError(f"dataset {dataset} is empty", kind="bad_request")
+        box = None if server else choose_sandbox(sandbox, image)
+    except RaasError as e:
+        raise _fail(e) from None
+    sampling: dict[str, Any] = {"temperature": temperature}
+    if seed is not None:
+        sampling["seed"] = seed
+    agent = {"max_turns": max_turns, "max_tokens_per_turn": max_tokens, "context_budget": context_budget}
+    if server:
+        # A running service keeps its own agent settings unless the job overrides them.
+        sampling.update(agent)
+    try:
+        summary = _run_main(run_dataset(
+            instances, n_samples=n_samples, server=server, llm=list(llm or []), out=output, sandbox=box,
+            agent=agent, sampling=sampling, job_timeout_s=timeout,
+            workers=(init_workers, run_workers, eval_workers), tokenizer_dir=tokenizer,
+            llm_context=max(context_budget, 2048), token=os.environ.get("RAAS_API_TOKEN")))
+    except RaasError as e:
+        raise _fail(e) from None
+    if as_json:
+        print(json.dumps(summary))
+    if not summary["status"].get("completed"):
+        raise typer.Exit(1)
+
+
+@app.command()
+def serve(
+    config: Annotated[Path | None, typer.Option(help="Service config (JSON or TOML)")] = None,
+    host: Annotated[str | None, typer.Option()] = None,
+    port: Annotated[int | None, typer.Option()] = None,
+    sandbox: Annotated[str | None, typer.Option(help="Sandbox backend for every job (local, bwrap, ...)")] = None,
+    image: Annotated[str | None, typer.Option(help="Sandbox image for every job")] = None,
+    llm: Annotated[list[str] | None, typer.Option(help="Inference server URL (repeatable)")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(help="Chat tokenizer dir of the policy model")] = None,
+    init_workers: Annotated[int | None, typer.Option()] = None,
+    run_workers: Annotated[int | None, typer.Option()] = None,
+    eval_workers: Annotated[int | None, typer.Option()] = None,
+) -> None:
+    """Serve the rollout API until SIGINT/SIGTERM, then shut down gracefully."""
+    from raas.pipeline.config import ServiceConfig
+
+    try:
+        box = None
+        if sandbox or image:
+            box = choose_sandbox(sandbox or "auto", image)
+        cfg = ServiceConfig.load(
+            config, host=host, port=port, sandbox=box, llm_servers=llm or None, tokenizer_dir=tokenizer,
+            init_workers=init_workers, run_workers=run_workers, eval_workers=eval_workers)
+        if cfg.tokenizer_dir is None:
+            from raas.llm.models import default_tokenizer_dir
+
+            cfg = cfg.model_copy(update={"tokenizer_dir": default_tokenizer_dir()})
+    except RaasError as e:
+        raise _fail(e) from None
+    asyncio.run(_serve(cfg))
+
+
+async def _serve(cfg: Any) -> None:
+    import uvicorn
+
+    from raas.api.app import create_app
+    from raas.pipeline.service import RolloutService
+
+    service = RolloutService(cfg)
+    await service.start()
+    try:
+        server = uvicorn.Server(uvicorn.Config(create_app(service), host=cfg.host, port=cfg.port,
+                                               log_level="info", lifespan="on"))
+        console.print(f"raas serving on http://{cfg.host}:{cfg.port}")
+        await server.serve()
+    finally:
+        await service.shutdown()
+
+
+@app.command()
+def status(
+    server: Annotated[str, typer.Option(help="raas service URL")] = DEFAULT_SERVER,
+    as_json: Annotated[bool, typer.Option("--json", help="Print raw JSON")] = False,
+) -> None:
+    """Queue depth and activity per stage, and the inference servers, of a running service."""
+    from raas.trainer.client import RaasClient
+
+    async def fetch() -> tuple[dict[str, Any], Any]:
+        async with RaasClient(server, token=os.environ.get("RAAS_API_TOKEN"), timeout_s=10.0) as c:
+            return await c.status(), await c.servers()
+
+    try:
+        st, servers = asyncio.run(fetch())
+    except RaasError as e:
+        raise _fail(e) from None
+    if as_json:
+        print(json.dumps({"status": st, "servers": servers}))
+        return
+    out = Console()
+    stages = st.get("stages") if isinstance(st, dict) else None
+    if isinstance(stages, dict):
+        t = Table(title=f"raas at {server}")
+        t.add_column("stage")
+        cols = sorted({k for v in stages.values() if isinstance(v, dict) for k in v})
+        for c in cols:
+            t.add_column(c, justify="right")
+        for name, v in stages.items():
+            t.add_row(name, *(str(v.get(c, "")) if isinstance(v, dict) else "" for c in cols))
+        out.print(t)
+    others = {k: v for k, v in (st or {}).items() if k != "stages"} if isinstance(st, dict) else {"status": st}
+    if others:
+        out.print_json(json.dumps(others, default=str))
+    out.print_json(json.dumps({"llm_servers": servers}, default=str))
+
+
 _mount()
 
 if __name__ == "__main__":
-    app()
+    sys.exit(app())

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from raas.agent.config import AgentConfig
-from raas.agent.tools import Observation, ToolSet, describe_tools_for_prompt
+from raas.agent.tools import Observation, ToolSet
 from raas.agent.trajectory import Message, RunOutput, TokenTrajectory, ToolCall, Turn
 from raas.errors import RaasError
 
@@ -57,23 +57,12 @@ class _State:
         self.metrics[key] = self.metrics.get(key, 0.0) + by
 
 
-def template_supports_tools(tokenizer: Any) -> bool:
-    """Whether the chat template renders ``tools=`` itself (otherwise the loop describes them in the system
-    prompt, so the policy still learns the tools and the call format)."""
-    flag = getattr(tokenizer, "supports_tools", None)
-    if isinstance(flag, bool):
-        return flag
-    if callable(flag):
-        return bool(flag())
-    template = getattr(tokenizer, "chat_template", None)
-    return isinstance(template, str) and "tools" in template
-
-
 def _sampling(llm: LLMContext, job: Job, max_tokens: int) -> Any:
     """The job's sampling parameters with this turn's token limit."""
     from raas.llm import SamplingParams
 
-    params = dict(job.sampling_params or {})
+    # Agent knobs may ride along in sampling_params (the pipeline applies them); the server never sees them.
+    params = {k: v for k, v in (job.sampling_params or {}).items() if k not in AgentConfig.model_fields}
     requested = params.pop("max_tokens", None)
     if isinstance(requested, int) and requested > 0:
         max_tokens = min(max_tokens, requested)
@@ -114,13 +103,11 @@ async def run_agent(
     :class:`RaasError` so the pipeline can filter the trajectory instead of scoring it.
     """
     config = config or llm.agent
-    tok = llm.tokenizer
-    schemas = tools.schemas
     system = system_prompt or ""
-    if not template_supports_tools(tok):
-        system = (system + "\n\n" if system else "") + describe_tools_for_prompt(schemas)
     init_messages = [{"role": "system", "content": system}, {"role": "user", "content": user_prompt}]
-    conv = tok.conversation(messages=init_messages, tools=schemas)
+    # The chat tokenizer renders the schemas with the template, or injects them into the system message
+    # in the Hermes format when the template has no tool support.
+    conv = llm.tokenizer.conversation(init_messages, tools=tools.schemas)
 
     st = _State()
     st.add_prompt(list(conv.prompt_ids))
@@ -167,7 +154,7 @@ async def run_agent(
             st.bump("response_tokens", len(output_ids))
             st.pending_prompt = []
             st.pieces.append(_Piece(output_ids, sampled=True, logprobs=logprobs))
-            assistant = conv.add_assistant(output_ids)
+            assistant = conv.add_assistant(output_ids, logprobs)
             text = _assistant_text(assistant)
             calls, errors = _parse(text)
             msg = Message(role="assistant", content=text, tool_calls=calls or None, output_ids=output_ids,
@@ -223,7 +210,10 @@ async def run_agent(
                 finish_reason = "max_turns"
                 break
             before = st.seq_len()
-            delta = list(conv.add_messages([_as_chat(m) for m in pending]))
+            conv.add_messages([_as_chat(m) for m in pending])
+            # The delta is the template's closing of the assistant turn, the new messages and the next
+            # generation prompt; a closing after the final turn is never part of the record.
+            delta = list(conv.prompt_ids[before:])
             if before + len(delta) >= config.context_budget:
                 st.messages.extend(pending)
                 finish_reason = "context_budget"
@@ -231,7 +221,6 @@ async def run_agent(
             st.add_prompt(delta)
             pending[0].input_ids = delta
             st.messages.extend(pending)
-            _check_sync(conv, st)
     finally:
         release = getattr(llm.balancer, "release", None)
         if release is not None:
@@ -263,13 +252,6 @@ def _as_chat(m: Message) -> dict[str, Any]:
     if m.name:
         d["name"] = m.name
     return d
-
-
-def _check_sync(conv: Any, st: _State) -> None:
-    """The conversation's token view must equal the recorded pieces; a mismatch is a raas bug."""
-    ids = getattr(conv, "prompt_ids", None)
-    if ids is not None and list(ids) != st.seq():
-        raise RaasError("agent loop token record diverged from the conversation", kind="internal", stage="run")
 
 
 def _flatten(st: _State) -> TokenTrajectory:

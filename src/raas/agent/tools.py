@@ -7,7 +7,6 @@ died, the tool server is gone) propagate as :class:`~raas.errors.RaasError` so t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -235,14 +234,3 @@ class ToolSet:
                 raise
             return Observation(truncate(f"Error ({e.kind}): {e.message}", cap_bytes), is_error=True, kind=e.kind)
         return Observation(truncate(text, cap_bytes))
-
-
-def describe_tools_for_prompt(schemas: list[dict[str, Any]]) -> str:
-    """Tool instructions for chat templates that ignore ``tools=`` (the Hermes ``<tool_call>`` format)."""
-    lines = [
-        "You can call tools. To call one, write a JSON object inside <tool_call></tool_call> tags, e.g.",
-        '<tool_call>\n{"name": "finish", "arguments": {"answer": "42"}}\n</tool_call>',
-        "Available tools:",
-    ]
-    lines.extend(json.dumps(s["function"], ensure_ascii=False) for s in schemas)
-    return "\n".join(lines)

@@ -1,0 +1,91 @@
+"""Request guards that must run before FastAPI parses anything: the body-size cap and the bearer token."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from raas.api.errors import error_body
+
+OPEN_PATHS = frozenset({"/healthz"})
+
+
+async def _send_json(send: Send, status: int, body: dict[str, object], headers: list[tuple[bytes, bytes]]) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": data})
+
+
+class GuardMiddleware:
+    """Rejects bodies over ``max_bytes`` with 413 (before parsing) and, when a token is configured,
+    requests without ``Authorization: Bearer <token>`` with 401 — on every path but ``/healthz``."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int, token: Callable[[], str | None]) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        expected = self.token()
+        if expected and scope.get("path") not in OPEN_PATHS:
+            given = b""
+            for name, value in scope.get("headers", []):
+                if name == b"authorization":
+                    given = value
+                    break
+            scheme, _, credential = given.decode("latin-1").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(credential.strip().encode(), expected.encode()):
+                await _send_json(send, 401, error_body("unauthorized", "missing or wrong bearer token"),
+                                 [(b"www-authenticate", b"Bearer")])
+                return
+        declared = None
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await _send_json(send, 400, error_body("bad_request", "invalid Content-Length"), [])
+                    return
+        if declared is not None and declared > self.max_bytes:
+            await _send_json(send, 413, error_body("payload_too_large", self._too_large()), [])
+            return
+        if scope.get("method") in ("POST", "PUT", "PATCH"):
+            # Read (at most max_bytes + 1) before the app does, so a chunked upload cannot exceed the cap.
+            chunks: list[bytes] = []
+            size = 0
+            more = True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.max_bytes:
+                    await _send_json(send, 413, error_body("payload_too_large", self._too_large()), [])
+                    return
+                chunks.append(chunk)
+                more = message.get("more_body", False)
+            body = b"".join(chunks)
+            sent = False
+
+            async def replay() -> Message:
+                nonlocal sent
+                if not sent:
+                    sent = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            await self.app(scope, replay, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _too_large(self) -> str:
+        return f"request body larger than {self.max_bytes} bytes"

@@ -1,0 +1,201 @@
+"""The native, non-blocking ``/v1`` API: submit, poll, long-poll, cancel, stream events, manage servers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+from urllib.parse import unquote
+
+from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from raas.api.models import AddServerRequest, BatchRequest, BatchResponse, OkResponse, ServersResponse
+from raas.errors import RaasError
+from raas.pipeline.jobs import JOB_ID_PATTERN, JobInfo, JobRequest, JobResult, SubmitResponse
+from raas.pipeline.service import RolloutService
+
+JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="The job's id")]
+SSE_HEARTBEAT_S = 15.0
+
+
+def service_of(request: Request) -> RolloutService:
+    return request.app.state.service  # type: ignore[no-any-return]
+
+
+def normalize_address(address: str) -> str:
+    """Accept ``http://host:port``, with or without a trailing ``/`` or ``/v1`` (ProRL clients send it)."""
+    a = address.strip().rstrip("/")
+    if a.endswith("/v1"):
+        a = a[: -len("/v1")]
+    if not a.startswith(("http://", "https://")) or len(a) <= len("http://"):
+        raise RaasError(f"LLM server address must be an http(s) URL, got {address!r}", kind="bad_request",
+                        stage="api")
+    return a
+
+
+def balancer_of(service: RolloutService) -> Any:
+    if service.balancer is None:
+        raise RaasError("the LLM layer is not available in this service", kind="unavailable", stage="api")
+    return service.balancer
+
+
+async def _call(value: Any) -> Any:
+    if asyncio.iscoroutine(value):
+        return await value
+    return value
+
+
+router = APIRouter()
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "Bad request (unknown data_source, invalid instance)"},
+    401: {"description": "Missing or wrong bearer token"},
+    413: {"description": "Request body too large"},
+    422: {"description": "Body does not match the schema"},
+}
+
+
+@router.post("/v1/jobs", status_code=202, response_model=SubmitResponse,
+             responses={**_ERRORS, 429: {"description": "Full; retry after Retry-After seconds"},
+                        503: {"description": "Shutting down"}})
+async def submit_job(body: JobRequest, request: Request) -> SubmitResponse:
+    """Accept one job; idempotent on ``job_id``."""
+    return await service_of(request).submit(body)
+
+
+@router.post("/v1/jobs:batch", status_code=202, response_model=BatchResponse,
+             responses={**_ERRORS, 429: {"description": "Not enough room for the whole batch"},
+                        503: {"description": "Shutting down"}})
+async def submit_batch(body: BatchRequest, request: Request) -> BatchResponse:
+    """Accept many jobs, all or nothing."""
+    return BatchResponse(jobs=await service_of(request).submit_many(body.jobs))
+
+
+@router.get("/v1/jobs/{job_id}", response_model=JobInfo, responses={404: {"description": "Unknown job"}})
+async def get_job(job_id: JobId, request: Request) -> JobInfo:
+    return await service_of(request).get(job_id)
+
+
+@router.get(
+    "/v1/jobs/{job_id}/result",
+    response_model=JobResult,
+    responses={202: {"model": JobInfo, "description": "Not finished yet"}, 404: {"description": "Unknown job"}},
+)
+async def get_result(
+    job_id: JobId,
+    request: Request,
+    wait: Annotated[float, Query(ge=0, le=3600, description="Long-poll up to this many seconds")] = 0.0,
+) -> Any:
+    """The result (200) or, if the job is still running after ``wait`` seconds, its state (202)."""
+    service = service_of(request)
+    result = await service.wait(job_id, min(wait, service.config.max_wait_s)) if wait > 0 else None
+    if result is None:
+        result = await service.result(job_id)
+    if result is None:
+        info = await service.get(job_id)
+        return JSONResponse(info.model_dump(mode="json"), status_code=202)
+    return result
+
+
+@router.delete("/v1/jobs/{job_id}", response_model=JobInfo, responses={404: {"description": "Unknown job"}})
+async def cancel_job(job_id: JobId, request: Request) -> JobInfo:
+    """Stop the job wherever it is and release its sandboxes (idempotent)."""
+    return await service_of(request).cancel(job_id)
+
+
+@router.get("/v1/events", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}})
+async def events(
+    request: Request,
+    terminal_only: Annotated[bool, Query(description="Only terminal states")] = False,
+) -> StreamingResponse:
+    """Server-Sent Events: one ``job`` event per state change (``data`` is a JobEvent)."""
+    service = service_of(request)
+
+    async def stream() -> AsyncIterator[bytes]:
+        async with service.events() as sub:
+            yield b": connected\n\n"
+            while True:
+                try:
+                    event = await asyncio.wait_for(sub.get(), SSE_HEARTBEAT_S)
+                except TimeoutError:
+                    yield b": keep-alive\n\n"
+                    continue
+                if event is None:
+                    return
+                if terminal_only and event.status not in ("completed", "failed", "timeout", "cancelled"):
+                    continue
+                yield f"event: job\nid: {event.job_id}\ndata: {event.model_dump_json()}\n\n".encode()
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+# -- inference servers ---------------------------------------------------------------------------------
+
+
+@router.get("/v1/llm/servers", response_model=ServersResponse)
+async def list_servers(request: Request) -> ServersResponse:
+    return ServersResponse(servers=service_of(request).llm_servers())
+
+
+@router.post("/v1/llm/servers", response_model=ServersResponse,
+             responses={400: {"description": "Bad address"}, 503: {"description": "No LLM layer"}})
+async def add_server(body: AddServerRequest, request: Request) -> ServersResponse:
+    service = service_of(request)
+    balancer = balancer_of(service)
+    await _call(balancer.add(normalize_address(body.address), weight_version=body.weight_version, kind=body.kind))
+    return ServersResponse(servers=service.llm_servers())
+
+
+@router.delete("/v1/llm/servers/{address:path}", response_model=ServersResponse,
+               responses={404: {"description": "Unknown server"}, 503: {"description": "No LLM layer"}})
+async def remove_server(address: str, request: Request) -> ServersResponse:
+    service = service_of(request)
+    balancer = balancer_of(service)
+    target = normalize_address(unquote(address))
+    known = {str(s.get("address", "")).rstrip("/") for s in service.llm_servers()}
+    if target not in known:
+        raise RaasError(f"no LLM server {target!r}", kind="not_found", stage="api")
+    await _call(balancer.remove(target))
+    return ServersResponse(servers=service.llm_servers())
+
+
+@router.post("/v1/llm/servers:clear", response_model=OkResponse, responses={503: {"description": "No LLM layer"}})
+async def clear_servers(request: Request) -> OkResponse:
+    await _call(balancer_of(service_of(request)).clear())
+    return OkResponse(detail="cleared")
+
+
+@router.post("/v1/llm:pause", response_model=OkResponse, responses={503: {"description": "No LLM layer"}})
+async def pause(request: Request) -> OkResponse:
+    """Hold new generate calls (in-flight ones finish) — e.g. around a weight sync."""
+    await _call(balancer_of(service_of(request)).pause())
+    return OkResponse(detail="paused")
+
+
+@router.post("/v1/llm:resume", response_model=OkResponse, responses={503: {"description": "No LLM layer"}})
+async def resume(request: Request) -> OkResponse:
+    await _call(balancer_of(service_of(request)).resume())
+    return OkResponse(detail="resumed")
+
+
+# -- health and metrics ----------------------------------------------------------------------------------
+
+
+@router.get("/healthz", response_model=OkResponse)
+async def healthz(request: Request) -> OkResponse:
+    """Liveness; never needs a token."""
+    return OkResponse(detail="accepting" if service_of(request).accepting else "not accepting")
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+async def metrics_endpoint(request: Request) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    from raas.pipeline import metrics
+
+    body = metrics.render(service_of(request).gauges)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+

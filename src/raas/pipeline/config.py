@@ -1,0 +1,93 @@
+"""Service configuration: one pydantic model, loadable from JSON/TOML and overridable from the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from raas.agent.config import AgentConfig
+from raas.errors import RaasError
+
+
+def _default_home() -> Path:
+    return Path(os.environ.get("RAAS_HOME") or Path.home() / ".cache" / "raas")
+
+
+class StageTimeouts(BaseModel):
+    """Per-stage ceilings in seconds (None = only the job's total budget applies)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    init: float | None = Field(None, gt=0)
+    run: float | None = Field(None, gt=0)
+    eval: float | None = Field(None, gt=0)
+
+
+class ServiceConfig(BaseModel):
+    """Everything ``raas serve`` needs. Defaults run a small local service."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8008, ge=0, le=65535)
+    state_dir: Path = Field(default_factory=lambda: _default_home() / "service")
+    ledger_path: Path | None = Field(None, description="SQLite ledger; default <state_dir>/ledger.sqlite3")
+    sandbox: dict[str, Any] = Field(
+        default_factory=lambda: {"backend": "local"}, description="Default SandboxConfig fields for every job"
+    )
+    llm_servers: list[str] = Field(default_factory=list, description="Inference server URLs to start with")
+    tokenizer_dir: Path | None = Field(None, description="Chat tokenizer dir for the policy model")
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+
+    init_workers: int = Field(4, ge=1, le=4096)
+    run_workers: int = Field(8, ge=1, le=4096)
+    eval_workers: int = Field(4, ge=1, le=4096)
+    max_pending: int = Field(1024, ge=1, description="Jobs accepted but unfinished; beyond this submit gets 429")
+    retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 429")
+
+    default_timeout_s: float = Field(600.0, gt=0, description="Per-job budget of in-stage time")
+    stage_timeouts: StageTimeouts = Field(default_factory=StageTimeouts)
+    hook_timeout_s: float = Field(10.0, gt=0, description="Ceiling for a handler's on_error hook")
+    cancel_grace_s: float = Field(5.0, gt=0, description="How long an interrupted stage may take to unwind")
+    shutdown_grace_s: float = Field(10.0, ge=0, description="How long shutdown lets in-flight jobs finish")
+
+    result_ttl_s: float | None = Field(7 * 24 * 3600.0, gt=0, description="Drop finished jobs older than this")
+    max_results: int | None = Field(100_000, ge=1, description="Keep at most this many finished jobs")
+    prune_interval_s: float = Field(60.0, gt=0)
+    max_attempts: int = Field(3, ge=1, description="Restarts a retry_on_restart job may survive")
+
+    max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")
+    max_wait_s: float = Field(300.0, gt=0, description="Longest long-poll a request may ask for")
+    api_token: str | None = Field(None, description="Bearer token; RAAS_API_TOKEN overrides when set")
+
+    extra_handlers: dict[str, str] = Field(
+        default_factory=dict, description="data_source -> 'module:Class' task handlers to register at start"
+    )
+
+    def ledger_file(self) -> Path:
+        return self.ledger_path or self.state_dir / "ledger.sqlite3"
+
+    def token(self) -> str | None:
+        return os.environ.get("RAAS_API_TOKEN") or self.api_token
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, **overrides: Any) -> ServiceConfig:
+        """Read a JSON or TOML file (if given) and apply keyword overrides that are not None."""
+        data: dict[str, Any] = {}
+        if path is not None:
+            p = Path(path)
+            try:
+                text = p.read_text()
+                data = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
+            except (OSError, ValueError) as exc:
+                raise RaasError(f"cannot read config {p}: {exc}", kind="bad_request") from exc
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls.model_validate(data)
+        except ValueError as exc:
+            raise RaasError(f"invalid service config: {exc}", kind="bad_request") from exc

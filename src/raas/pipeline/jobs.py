@@ -1,0 +1,135 @@
+"""Job requests, states and results: the records the pipeline, the ledger and the API share.
+
+A job moves ``queued → init → queued_run → run → queued_eval → eval`` and ends in exactly one terminal
+status (``completed``, ``failed``, ``timeout``, ``cancelled``). The result keeps the token-exact record of the
+rollout and says, through ``filter``, whether a trainer may learn from it: any infrastructure failure
+filters the trajectory and never fabricates a reward.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from raas.agent.trajectory import Message, TokenTrajectory, Turn
+
+JobStatus = Literal[
+    "queued", "init", "queued_run", "run", "queued_eval", "eval", "completed", "failed", "timeout", "cancelled"
+]
+TerminalStatus = Literal["completed", "failed", "timeout", "cancelled"]
+StageName = Literal["init", "run", "eval"]
+
+STAGES: tuple[StageName, ...] = ("init", "run", "eval")
+TERMINAL: frozenset[str] = frozenset({"completed", "failed", "timeout", "cancelled"})
+QUEUED_FOR: dict[StageName, str] = {"init": "queued", "run": "queued_run", "eval": "queued_eval"}
+
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}$"
+_JOB_ID_RE = re.compile(JOB_ID_PATTERN)
+
+
+def is_terminal(status: str) -> bool:
+    return status in TERMINAL
+
+
+def valid_job_id(job_id: str) -> bool:
+    return bool(_JOB_ID_RE.match(job_id))
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+class JobRequest(BaseModel):
+    """What a trainer submits. ``instance.data_source`` picks the task handler."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instance: dict[str, Any]
+    sampling_params: dict[str, Any] | None = None
+    job_id: str | None = Field(None, pattern=JOB_ID_PATTERN, description="Idempotency key; generated if absent.")
+    timeout_s: float | None = Field(
+        None, gt=0, le=7 * 24 * 3600, description="Budget for time spent inside stages (queue waits do not count)."
+    )
+    priority: int = Field(0, ge=-1000, le=1000, description="Higher runs first; FIFO among equals.")
+    retry_on_restart: bool = Field(
+        False, description="Re-queue instead of failing with `interrupted` if the service dies mid-job."
+    )
+
+    @field_validator("instance")
+    @classmethod
+    def _has_data_source(cls, value: dict[str, Any]) -> dict[str, Any]:
+        source = value.get("data_source")
+        if not isinstance(source, str) or not source:
+            raise ValueError("instance.data_source must be a non-empty string naming a task handler")
+        return value
+
+
+class ErrorInfo(BaseModel):
+    """A typed failure: where it happened, what kind, and a human message."""
+
+    stage: str | None = None
+    kind: str
+    message: str
+
+
+class Timing(BaseModel):
+    """Seconds spent waiting in queues and inside each stage; ``total_s`` is wall time from accept to end."""
+
+    queue_s: float = 0.0
+    init_s: float = 0.0
+    run_s: float = 0.0
+    eval_s: float = 0.0
+    total_s: float = 0.0
+
+
+class JobResult(BaseModel):
+    """The finished job as a trainer receives it (native API)."""
+
+    job_id: str
+    instance_id: str | None = None
+    trajectory_id: str | None = None
+    status: TerminalStatus
+    reward: float | None = None
+    resolved: bool | None = None
+    error: ErrorInfo | None = None
+    filter: bool = True
+    messages: list[Message] = Field(default_factory=list)
+    turns: list[Turn] = Field(default_factory=list)
+    token_trajectory: TokenTrajectory = Field(default_factory=TokenTrajectory)
+    artifacts: dict[str, Any] = Field(default_factory=dict)
+    timing: Timing = Field(default_factory=Timing)
+
+
+class JobInfo(BaseModel):
+    """A job's current state, cheap to poll."""
+
+    job_id: str
+    status: JobStatus
+    data_source: str | None = None
+    instance_id: str | None = None
+    trajectory_id: str | None = None
+    priority: int = 0
+    attempts: int = 1
+    created_at: float
+    updated_at: float
+    error: ErrorInfo | None = None
+
+
+class SubmitResponse(BaseModel):
+    job_id: str
+    status: JobStatus
+    created: bool = Field(description="False when the job_id already existed (idempotent resubmit).")
+
+
+class JobEvent(BaseModel):
+    """One state change, as published on the event bus and over SSE."""
+
+    job_id: str
+    status: JobStatus
+    at: float
+    reward: float | None = None
+    filter: bool | None = None
+    error: ErrorInfo | None = None

@@ -1,0 +1,415 @@
+"""The durable ledger: every accepted job, every state transition and every result, in SQLite (WAL).
+
+Why a ledger: a trainer must never lose an accepted job silently. The service writes a job here before it
+answers 202, writes each transition as it happens and writes the result before it reports the job done.
+After a crash, :meth:`Ledger.recover` turns whatever was in flight into ``failed``/``interrupted`` results
+(or re-queues it when the request asked for ``retry_on_restart``).
+
+All SQLite work runs on one writer thread with one connection; consecutive operations are grouped into one
+transaction (group commit), so the event loop never blocks on disk and thousands of transitions per second
+cost a few commits. WAL with ``synchronous=NORMAL`` survives a killed process (not a power cut).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from raas.errors import RaasError
+from raas.pipeline.jobs import TERMINAL, ErrorInfo, JobInfo, JobResult, Timing
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    data_source TEXT,
+    instance_id TEXT,
+    trajectory_id TEXT,
+    priority INTEGER NOT NULL DEFAULT 0,
+    retry_on_restart INTEGER NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 1,
+    request TEXT NOT NULL,
+    result TEXT,
+    error TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    finished_at REAL
+);
+CREATE INDEX IF NOT EXISTS jobs_status ON jobs(status);
+CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(finished_at);
+CREATE TABLE IF NOT EXISTS transitions (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    at REAL NOT NULL,
+    detail TEXT
+);
+CREATE INDEX IF NOT EXISTS transitions_job ON transitions(job_id);
+"""
+
+_TERMINAL_SQL = "(" + ",".join(f"'{s}'" for s in sorted(TERMINAL)) + ")"
+
+_STAGE_OF_STATUS = {
+    "queued": "queue",
+    "queued_run": "queue",
+    "queued_eval": "queue",
+    "init": "init",
+    "run": "run",
+    "eval": "eval",
+}
+
+
+@dataclass
+class LedgerJob:
+    """One row of the ``jobs`` table."""
+
+    job_id: str
+    status: str
+    data_source: str | None
+    instance_id: str | None
+    trajectory_id: str | None
+    priority: int
+    retry_on_restart: bool
+    attempts: int
+    request: dict[str, Any]
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+
+    def info(self) -> JobInfo:
+        return JobInfo(
+            job_id=self.job_id,
+            status=self.status,  # type: ignore[arg-type]
+            data_source=self.data_source,
+            instance_id=self.instance_id,
+            trajectory_id=self.trajectory_id,
+            priority=self.priority,
+            attempts=self.attempts,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            error=ErrorInfo(**self.error) if self.error else None,
+        )
+
+
+@dataclass
+class Recovery:
+    """What :meth:`Ledger.recover` found: jobs to run again and jobs it closed as interrupted."""
+
+    requeued: list[LedgerJob]
+    interrupted: list[str]
+
+
+class _Stop:
+    pass
+
+
+_STOP = _Stop()
+
+
+class Ledger:
+    """SQLite ledger with a single writer thread; see the module docstring."""
+
+    def __init__(self, path: str | Path, *, result_ttl_s: float | None = None, max_results: int | None = None) -> None:
+        self.path = Path(path)
+        self.result_ttl_s = result_ttl_s
+        self.max_results = max_results
+        self._ops: queue.SimpleQueue[tuple[Callable[[sqlite3.Connection], Any], concurrent.futures.Future[Any]] | _Stop]
+        self._ops = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._thread is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._writer, args=(ready,), name="raas-ledger", daemon=True)
+        self._thread.start()
+        await asyncio.wrap_future(ready)
+
+    async def close(self) -> None:
+        """Flush every queued write, then close the connection and join the writer thread."""
+        if self._thread is None or self._closed:
+            return
+        self._closed = True
+        self._ops.put(_STOP)
+        await asyncio.to_thread(self._thread.join)
+
+    def _writer(self, ready: concurrent.futures.Future[None]) -> None:
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=5000")
+            conn.executescript(_SCHEMA)
+        except Exception as exc:  # an unusable path must surface as a typed error, not a dead thread
+            ready.set_exception(RaasError(f"cannot open ledger {self.path}: {exc}", kind="internal"))
+            return
+        ready.set_result(None)
+        stop = False
+        try:
+            while not stop:
+                batch = [self._ops.get()]
+                while True:
+                    try:
+                        batch.append(self._ops.get_nowait())
+                    except queue.Empty:
+                        break
+                work = []
+                for item in batch:
+                    if isinstance(item, _Stop):
+                        stop = True
+                    else:
+                        work.append(item)
+                if not work:
+                    continue
+                outcomes: list[tuple[concurrent.futures.Future[Any], Any, BaseException | None]] = []
+                conn.execute("BEGIN")
+                for fn, fut in work:
+                    try:
+                        outcomes.append((fut, fn(conn), None))
+                    except Exception as exc:
+                        outcomes.append((fut, None, exc))
+                try:
+                    conn.execute("COMMIT")
+                except Exception as exc:
+                    outcomes = [(fut, None, exc) for fut, _, _ in outcomes]
+                for fut, value, exc in outcomes:
+                    if fut.set_running_or_notify_cancel():
+                        if exc is None:
+                            fut.set_result(value)
+                        else:
+                            fut.set_exception(exc)
+        finally:
+            conn.close()
+
+    def _submit(self, fn: Callable[[sqlite3.Connection], T]) -> concurrent.futures.Future[T]:
+        if self._thread is None or self._closed:
+            raise RaasError("the ledger is closed", kind="internal")
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._ops.put((fn, fut))
+        return fut
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await asyncio.wrap_future(self._submit(fn))
+
+    # -- writes ------------------------------------------------------------------------------------------
+
+    async def insert_job(
+        self,
+        *,
+        job_id: str,
+        request: dict[str, Any],
+        data_source: str | None,
+        instance_id: str | None,
+        trajectory_id: str | None,
+        priority: int,
+        retry_on_restart: bool,
+        at: float,
+    ) -> LedgerJob | None:
+        """Record an accepted job (committed when this returns). Returns the existing row if the id is taken."""
+        body = json.dumps(request)
+
+        def op(conn: sqlite3.Connection) -> LedgerJob | None:
+            existing = _fetch(conn, job_id)
+            if existing is not None:
+                return existing
+            conn.execute(
+                "INSERT INTO jobs (job_id, status, data_source, instance_id, trajectory_id, priority,"
+                " retry_on_restart, attempts, request, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (job_id, "queued", data_source, instance_id, trajectory_id, priority, int(retry_on_restart), 1,
+                 body, at, at),
+            )
+            conn.execute(
+                "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)", (job_id, "queued", at, None)
+            )
+            return None
+
+        return await self._call(op)
+
+    def transition(self, job_id: str, status: str, at: float, detail: str | None = None) -> None:
+        """Record a non-terminal state change. Fire-and-forget: ordered with every later write."""
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute("UPDATE jobs SET status=?, updated_at=? WHERE job_id=?", (status, at, job_id))
+            conn.execute(
+                "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)", (job_id, status, at, detail)
+            )
+
+        self._submit(op)
+
+    async def finish(self, result: JobResult, at: float) -> None:
+        """Record a terminal result (committed when this returns)."""
+        body = result.model_dump_json()
+        error = result.error.model_dump_json() if result.error else None
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE jobs SET status=?, result=?, error=?, updated_at=?, finished_at=? WHERE job_id=?",
+                (result.status, body, error, at, at, result.job_id),
+            )
+            conn.execute(
+                "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
+                (result.job_id, result.status, at, error),
+            )
+
+        await self._call(op)
+
+    async def flush(self) -> None:
+        """Wait until every write queued so far is committed."""
+        await self._call(lambda conn: None)
+
+    # -- reads -------------------------------------------------------------------------------------------
+
+    async def get(self, job_id: str) -> LedgerJob | None:
+        return await self._call(lambda conn: _fetch(conn, job_id))
+
+    async def transitions(self, job_id: str) -> list[tuple[str, float, str | None]]:
+        def op(conn: sqlite3.Connection) -> list[tuple[str, float, str | None]]:
+            rows = conn.execute(
+                "SELECT status, at, detail FROM transitions WHERE job_id=? ORDER BY seq", (job_id,)
+            ).fetchall()
+            return [(r[0], r[1], r[2]) for r in rows]
+
+        return await self._call(op)
+
+    async def counts(self) -> dict[str, int]:
+        def op(conn: sqlite3.Connection) -> dict[str, int]:
+            return {r[0]: r[1] for r in conn.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status")}
+
+        return await self._call(op)
+
+    async def unfinished(self) -> list[LedgerJob]:
+        def op(conn: sqlite3.Connection) -> list[LedgerJob]:
+            rows = conn.execute(
+                f"SELECT * FROM jobs WHERE status NOT IN {_TERMINAL_SQL} ORDER BY created_at"
+            ).fetchall()
+            return [_row(r) for r in rows]
+
+        return await self._call(op)
+
+    # -- recovery and retention --------------------------------------------------------------------------
+
+    async def recover(self, *, max_attempts: int, now: float | None = None) -> Recovery:
+        """Close or re-queue every job a previous run left unfinished. Nothing is dropped silently."""
+        at = time.time() if now is None else now
+
+        def op(conn: sqlite3.Connection) -> Recovery:
+            rows = [
+                _row(r)
+                for r in conn.execute(f"SELECT * FROM jobs WHERE status NOT IN {_TERMINAL_SQL} ORDER BY created_at")
+            ]
+            requeued: list[LedgerJob] = []
+            interrupted: list[str] = []
+            for job in rows:
+                if job.retry_on_restart and job.attempts < max_attempts:
+                    job.attempts += 1
+                    job.status = "queued"
+                    conn.execute(
+                        "UPDATE jobs SET status='queued', attempts=?, updated_at=? WHERE job_id=?",
+                        (job.attempts, at, job.job_id),
+                    )
+                    conn.execute(
+                        "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
+                        (job.job_id, "queued", at, f"re-queued after restart (attempt {job.attempts})"),
+                    )
+                    requeued.append(job)
+                    continue
+                stage = _STAGE_OF_STATUS.get(job.status, "queue")
+                reason = "the service stopped while the job was in flight"
+                if job.retry_on_restart:
+                    reason += f"; gave up after {job.attempts} attempts"
+                result = JobResult(
+                    job_id=job.job_id,
+                    instance_id=job.instance_id,
+                    trajectory_id=job.trajectory_id,
+                    status="failed",
+                    error=ErrorInfo(stage=stage, kind="interrupted", message=f"{reason} (last state {job.status})"),
+                    filter=True,
+                    timing=Timing(total_s=max(0.0, at - job.created_at)),
+                )
+                error = result.error.model_dump_json() if result.error else None
+                conn.execute(
+                    "UPDATE jobs SET status='failed', result=?, error=?, updated_at=?, finished_at=? WHERE job_id=?",
+                    (result.model_dump_json(), error, at, at, job.job_id),
+                )
+                conn.execute(
+                    "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
+                    (job.job_id, "failed", at, error),
+                )
+                interrupted.append(job.job_id)
+            return Recovery(requeued=requeued, interrupted=interrupted)
+
+        return await self._call(op)
+
+    async def prune(self, now: float | None = None) -> int:
+        """Drop finished jobs past the TTL and the oldest beyond ``max_results``. Unfinished jobs are kept."""
+        at = time.time() if now is None else now
+        ttl, cap = self.result_ttl_s, self.max_results
+
+        def op(conn: sqlite3.Connection) -> int:
+            doomed: list[str] = []
+            if ttl is not None:
+                doomed += [
+                    r[0]
+                    for r in conn.execute(
+                        f"SELECT job_id FROM jobs WHERE status IN {_TERMINAL_SQL} AND finished_at < ?", (at - ttl,)
+                    )
+                ]
+            if cap is not None:
+                doomed += [
+                    r[0]
+                    for r in conn.execute(
+                        f"SELECT job_id FROM jobs WHERE status IN {_TERMINAL_SQL}"
+                        " ORDER BY finished_at DESC LIMIT -1 OFFSET ?",
+                        (cap,),
+                    )
+                ]
+            unique = sorted(set(doomed))
+            for i in range(0, len(unique), 500):
+                chunk = unique[i : i + 500]
+                marks = ",".join("?" * len(chunk))
+                conn.execute(f"DELETE FROM jobs WHERE job_id IN ({marks})", chunk)
+                conn.execute(f"DELETE FROM transitions WHERE job_id IN ({marks})", chunk)
+            return len(unique)
+
+        return await self._call(op)
+
+
+def _row(r: tuple[Any, ...]) -> LedgerJob:
+    return LedgerJob(
+        job_id=r[0],
+        status=r[1],
+        data_source=r[2],
+        instance_id=r[3],
+        trajectory_id=r[4],
+        priority=r[5],
+        retry_on_restart=bool(r[6]),
+        attempts=r[7],
+        request=json.loads(r[8]),
+        result=json.loads(r[9]) if r[9] else None,
+        error=json.loads(r[10]) if r[10] else None,
+        created_at=r[11],
+        updated_at=r[12],
+        finished_at=r[13],
+    )
+
+
+def _fetch(conn: sqlite3.Connection, job_id: str) -> LedgerJob | None:
+    r = conn.execute("SELECT * FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+    return _row(r) if r else None

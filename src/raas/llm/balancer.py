@@ -1,0 +1,277 @@
+"""Balance generate calls over many inference servers.
+
+Each trajectory is pinned to one server (its prefix stays in that server's KV cache), chosen by the
+fewest in-flight requests with ties rotating. A server that stops answering is marked unhealthy, its
+trajectories fail over to the others, and a background health check brings it back. ``pause()`` stops
+new requests and waits for in-flight ones to finish so a trainer can swap weights; every result is
+stamped with the weight version of the server that produced it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from raas.errors import RaasError
+from raas.llm.servers import ServerClient, detect_kind, make_client
+from raas.llm.types import GenerateResult, LLMUnavailable, SamplingParams
+
+
+@dataclass
+class _Server:
+    address: str
+    kind: str
+    weight_version: str | None
+    client: ServerClient | None = None
+    healthy: bool = True
+    in_flight: int = 0
+    requests: int = 0
+    failures: int = 0
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+    last_error: str | None = None
+    pinned: set[str] = field(default_factory=set)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class LLMBalancer:
+    """Registry of inference servers plus routing; use as ``async with LLMBalancer() as b``."""
+
+    def __init__(self, *, http: httpx.AsyncClient | None = None, request_timeout_s: float = 600.0,
+                 retries: int = 2, backoff_s: float = 0.2, health_interval_s: float = 5.0,
+                 max_failovers: int = 3) -> None:
+        self._own_http = http is None
+        self.http = http or httpx.AsyncClient(limits=httpx.Limits(max_connections=512,
+                                                                  max_keepalive_connections=128))
+        self.request_timeout_s = request_timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.health_interval_s = health_interval_s
+        self.max_failovers = max_failovers
+        self._servers: dict[str, _Server] = {}
+        self._pins: dict[str, str] = {}
+        self._rotation = itertools.count()
+        self._open = asyncio.Event()
+        self._open.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._in_flight = 0
+        self._health_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def __aenter__(self) -> LLMBalancer:
+        self.start_health_checks()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def start_health_checks(self) -> None:
+        """Probe every server every ``health_interval_s`` (unhealthy ones come back when they answer)."""
+        if self._health_task is None and self.health_interval_s > 0:
+            self._health_task = asyncio.create_task(self._health_loop(), name="raas-llm-health")
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+            self._health_task = None
+        if self._own_http:
+            await self.http.aclose()
+
+    # -- registry ----------------------------------------------------------------------------------
+    def add(self, address: str, weight_version: str | None = None, kind: str = "auto") -> None:
+        """Register a server (its kind is detected on first use when ``auto``); re-adding updates
+        the weight version."""
+        address = address.rstrip("/")
+        if not address.startswith(("http://", "https://")):
+            raise RaasError(f"server address must be an http(s) URL, got {address!r}", kind="bad_request")
+        if address in self._servers:
+            self._servers[address].weight_version = weight_version
+            return
+        self._servers[address] = _Server(address, kind, weight_version)
+
+    def remove(self, address: str) -> None:
+        """Forget a server; its trajectories move elsewhere on their next turn."""
+        state = self._servers.pop(address.rstrip("/"), None)
+        if state is not None:
+            for tid in state.pinned:
+                self._pins.pop(tid, None)
+
+    def clear(self) -> None:
+        self._servers.clear()
+        self._pins.clear()
+
+    def set_weight_version(self, weight_version: str | None, address: str | None = None) -> None:
+        """Stamp a new weight version on one server, or on all of them."""
+        for state in self._servers.values():
+            if address is None or state.address == address.rstrip("/"):
+                state.weight_version = weight_version
+
+    def servers(self) -> list[dict[str, Any]]:
+        return [
+            {"address": s.address, "kind": s.kind, "weight_version": s.weight_version, "healthy": s.healthy,
+             "in_flight": s.in_flight, "requests": s.requests, "failures": s.failures,
+             "pinned": len(s.pinned), "cached_tokens": s.cached_tokens, "prompt_tokens": s.prompt_tokens,
+             "last_error": s.last_error}
+            for s in self._servers.values()
+        ]
+
+    def pinned_server(self, trajectory_id: str) -> str | None:
+        return self._pins.get(trajectory_id)
+
+    def release(self, trajectory_id: str) -> None:
+        """The trajectory is done: unpin it."""
+        address = self._pins.pop(trajectory_id, None)
+        if address and address in self._servers:
+            self._servers[address].pinned.discard(trajectory_id)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def paused(self) -> bool:
+        return not self._open.is_set()
+
+    # -- weight sync -------------------------------------------------------------------------------
+    async def pause(self) -> None:
+        """Stop starting new requests and wait until every in-flight request has finished."""
+        self._open.clear()
+        await self._idle.wait()
+
+    def resume(self) -> None:
+        self._open.set()
+
+    # -- routing -----------------------------------------------------------------------------------
+    def _choose(self, exclude: set[str]) -> _Server | None:
+        candidates = [s for s in self._servers.values() if s.healthy and s.address not in exclude]
+        if not candidates:
+            return None
+        least = min(s.in_flight for s in candidates)
+        tied = [s for s in candidates if s.in_flight == least]
+        return tied[next(self._rotation) % len(tied)]
+
+    def _pin(self, trajectory_id: str, state: _Server) -> None:
+        old = self._pins.get(trajectory_id)
+        if old == state.address:
+            return
+        if old and old in self._servers:
+            self._servers[old].pinned.discard(trajectory_id)
+        self._pins[trajectory_id] = state.address
+        state.pinned.add(trajectory_id)
+
+    async def _client(self, state: _Server) -> ServerClient:
+        async with state.lock:
+            if state.client is None:
+                kind = state.kind
+                if kind == "auto":
+                    kind = await detect_kind(state.address, self.http)
+                    state.kind = kind
+                state.client = make_client(kind, state.address, self.http, request_timeout_s=self.request_timeout_s,
+                                           retries=self.retries, backoff_s=self.backoff_s)
+            return state.client
+
+    def _mark_unhealthy(self, state: _Server, error: str) -> None:
+        state.healthy = False
+        state.failures += 1
+        state.last_error = error
+        for tid in list(state.pinned):
+            if self._pins.get(tid) == state.address:
+                del self._pins[tid]
+        state.pinned.clear()
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None, *,
+                       trajectory_id: str | None = None) -> GenerateResult:
+        """Generate on the trajectory's server (pinning it on first use), failing over on errors
+        that mean the server is gone."""
+        sampling = sampling or SamplingParams()
+        await self._open.wait()
+        tried: set[str] = set()
+        last_error = "no inference server registered"
+        for _ in range(self.max_failovers + 1):
+            state = None
+            if trajectory_id is not None:
+                pinned = self._servers.get(self._pins.get(trajectory_id, ""))
+                if pinned is not None and pinned.healthy and pinned.address not in tried:
+                    state = pinned
+            if state is None:
+                state = self._choose(tried)
+            if state is None and not tried:
+                await self.check_health()
+                state = self._choose(tried)
+            if state is None:
+                break
+            if trajectory_id is not None:
+                self._pin(trajectory_id, state)
+            tried.add(state.address)
+            self._begin(state)
+            try:
+                client = await self._client(state)
+                result = await client.generate(prompt_ids, sampling)
+            except LLMUnavailable as exc:
+                last_error = exc.message
+                self._mark_unhealthy(state, exc.message)
+                continue
+            except RaasError as exc:
+                if exc.kind == "llm_unavailable":
+                    last_error = exc.message
+                    self._mark_unhealthy(state, exc.message)
+                    continue
+                raise
+            finally:
+                self._end(state)
+            state.requests += 1
+            state.prompt_tokens += len(prompt_ids)
+            if result.cached_tokens:
+                state.cached_tokens += int(result.cached_tokens)
+            if state.weight_version is not None:
+                result.weight_version = state.weight_version
+            elif result.extra.get("weight_version") is not None:
+                result.weight_version = str(result.extra["weight_version"])
+            return result
+        raise LLMUnavailable(f"no healthy inference server could serve the request: {last_error}")
+
+    def _begin(self, state: _Server) -> None:
+        state.in_flight += 1
+        self._in_flight += 1
+        self._idle.clear()
+
+    def _end(self, state: _Server) -> None:
+        state.in_flight -= 1
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+
+    # -- health ------------------------------------------------------------------------------------
+    async def check_health(self) -> None:
+        """Probe all servers now; mark each healthy or not."""
+        states = list(self._servers.values())
+        results = await asyncio.gather(*(self._probe(s) for s in states))
+        for state, ok in zip(states, results, strict=True):
+            if ok:
+                state.healthy = True
+            elif state.healthy:
+                self._mark_unhealthy(state, "health check failed")
+
+    async def _probe(self, state: _Server) -> bool:
+        try:
+            client = await self._client(state)
+        except RaasError:
+            return False
+        return await client.health()
+
+    async def _health_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self.health_interval_s)
+            with contextlib.suppress(Exception):
+                await self.check_health()

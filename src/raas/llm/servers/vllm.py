@@ -1,0 +1,97 @@
+"""vLLM's OpenAI server: ``/v1/completions`` with an ID prompt and ``return_token_ids``, or the
+tokens-only ``/inference/v1/generate`` where the server exposes it (``--enable-scale-out``).
+
+Wire format (vLLM docs, OpenAI-compatible server and its protocol module):
+* ``/v1/completions`` request: ``prompt`` as a list of IDs, ``logprobs: 1``, ``return_token_ids: true``,
+  plus vLLM's extra sampling fields (``top_k``, ``min_p``, ``stop_token_ids``, ``repetition_penalty``).
+  Response ``choices[0].token_ids`` (sampled IDs), ``choices[0].prompt_token_ids``,
+  ``choices[0].logprobs.token_logprobs`` (one float per token), ``finish_reason``.
+* ``/inference/v1/generate`` request: ``{"model", "token_ids", "sampling_params": {...}, "stream": false}``;
+  response ``choices[0].token_ids`` and ``choices[0].logprobs.content[].logprob``.
+* Context length: ``/v1/models`` ``data[0].max_model_len``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import httpx
+
+from raas.llm.servers.base import ServerClient, int_list, require
+from raas.llm.types import GenerateResult, LLMError, SamplingParams, ServerInfo
+
+
+def _sampling_fields(sampling: SamplingParams, max_tokens: int) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
+        "repetition_penalty": sampling.repetition_penalty,
+        "skip_special_tokens": False,
+    }
+    if sampling.stop_token_ids:
+        fields["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.seed is not None:
+        fields["seed"] = sampling.seed
+    return fields
+
+
+class VLLMClient(ServerClient):
+    """``endpoint`` is ``"completions"``, ``"generate"`` (tokens-only) or ``"auto"`` (probe once)."""
+
+    kind: ClassVar[str] = "vllm"
+
+    def __init__(self, address: str, http: httpx.AsyncClient, *, endpoint: str = "auto", **kwargs: Any) -> None:
+        super().__init__(address, http, **kwargs)
+        self.endpoint = endpoint
+
+    async def fetch_info(self) -> ServerInfo:
+        models = await self.get_json("/v1/models")
+        data = models.get("data") or []
+        if not data:
+            raise LLMError(f"{self.address}/v1/models lists no model")
+        first = data[0]
+        if self.endpoint == "auto":
+            self.endpoint = "generate" if await self._has_tokens_endpoint() else "completions"
+        ctx = first.get("max_model_len")
+        return ServerInfo(kind=self.kind, model=first.get("id"), context_length=int(ctx) if ctx else None)
+
+    async def _has_tokens_endpoint(self) -> bool:
+        """A GET on a POST-only route answers 405 when the route exists, 404 when it does not."""
+        try:
+            r = await self.http.get(self.address + "/inference/v1/generate", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 405
+
+    def build_request(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+                      max_tokens: int) -> tuple[str, dict[str, Any]]:
+        model = self.info.model if self.info else None
+        if self.endpoint == "generate":
+            params = _sampling_fields(sampling, max_tokens)
+            params["logprobs"] = 0
+            return "/inference/v1/generate", {"model": model, "token_ids": list(prompt_ids),
+                                              "sampling_params": params, "stream": False}
+        body = {"model": model, "prompt": list(prompt_ids), "logprobs": 1, "return_token_ids": True,
+                "echo": False, "stream": False, "n": 1, **_sampling_fields(sampling, max_tokens)}
+        return "/v1/completions", body
+
+    def parse_response(self, body: Any) -> GenerateResult:
+        choice = require(body, "choices", 0)
+        ids = int_list(require(choice, "token_ids"), "choices[0].token_ids")
+        lp = choice.get("logprobs") or {}
+        if "content" in lp:  # chat-style logprobs (tokens-only endpoint)
+            logprobs = [float(e["logprob"]) for e in lp["content"] or []]
+        else:
+            logprobs = [float(x) if x is not None else 0.0 for x in lp.get("token_logprobs") or []]
+        usage = body.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        finish = choice.get("finish_reason") or "stop"
+        return GenerateResult(output_ids=ids, logprobs=logprobs,
+                              finish_reason="length" if finish == "length" else ("abort" if finish == "abort" else "stop"),
+                              prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                              cached_tokens=details.get("cached_tokens"),
+                              extra={"stop_reason": choice.get("stop_reason")})

@@ -18,6 +18,7 @@ from raas.agent.config import AgentConfig
 from raas.agent.tools import Observation, ToolSet
 from raas.agent.trajectory import Message, RunOutput, TokenTrajectory, ToolCall, Turn
 from raas.errors import RaasError
+from raas.llm.types import SamplingParams
 
 if TYPE_CHECKING:
     from raas.sandbox import Sandbox
@@ -41,6 +42,9 @@ class _State:
     metrics: dict[str, float] = field(default_factory=dict)
     pending_prompt: list[int] = field(default_factory=list)
     """Prompt tokens added since the last generation (the next turn's ``prompt_ids`` delta)."""
+    unseen: list[Message] = field(default_factory=list)
+    """Results of calls executed after the policy's last turn: kept as an artifact, not as messages, so
+    ``messages`` mirror exactly the token sequence the policy saw (and end with its last turn)."""
 
     def seq_len(self) -> int:
         return sum(len(p.ids) for p in self.pieces)
@@ -57,12 +61,12 @@ class _State:
         self.metrics[key] = self.metrics.get(key, 0.0) + by
 
 
-def _sampling(llm: LLMContext, job: Job, max_tokens: int) -> Any:
+def _sampling(job: Job, max_tokens: int) -> SamplingParams:
     """The job's sampling parameters with this turn's token limit."""
-    from raas.llm import SamplingParams
 
-    # Agent knobs may ride along in sampling_params (the pipeline applies them); the server never sees them.
-    params = {k: v for k, v in (job.sampling_params or {}).items() if k not in AgentConfig.model_fields}
+    # sampling_params may also carry agent knobs (the pipeline applies them) and client-specific keys
+    # (ProRL clients send model names, API keys, ...); the server only ever sees sampling fields.
+    params = {k: v for k, v in (job.sampling_params or {}).items() if k in SamplingParams.model_fields}
     requested = params.pop("max_tokens", None)
     if isinstance(requested, int) and requested > 0:
         max_tokens = min(max_tokens, requested)
@@ -129,7 +133,7 @@ async def run_agent(
             if remaining <= 0:
                 finish_reason = "context_budget"
                 break
-            sampling = _sampling(llm, job, min(config.max_tokens_per_turn, remaining))
+            sampling = _sampling(job, min(config.max_tokens_per_turn, remaining))
             prompt_len = st.seq_len()
             try:
                 res = await llm.balancer.generate(st.seq(), sampling, trajectory_id=job.trajectory_id)
@@ -184,7 +188,7 @@ async def run_agent(
                     st.bump("tool_calls")
                     bad = tools.check(call.name, call.arguments)
                     if bad is None and tools.is_terminal(call.name):
-                        answer = str(call.arguments.get("answer", "")) if "answer" in call.arguments else ""
+                        answer = str(call.arguments.get("answer", ""))
                         stop = "finish_tool"
                         break
                     if bad is not None:
@@ -200,13 +204,11 @@ async def run_agent(
                         st.bump("tool_errors")
                     pending.append(_tool_message(call, obs))
                 if stop is not None:
-                    # Calls executed before the stop keep their observations, untokenized: the policy never
-                    # saw them, and the token sequence stays exactly what it did see.
-                    st.messages.extend(pending)
+                    st.unseen.extend(pending)
                     finish_reason = stop
                     break
             if last_turn:
-                st.messages.extend(pending)
+                st.unseen.extend(pending)
                 finish_reason = "max_turns"
                 break
             before = st.seq_len()
@@ -215,7 +217,7 @@ async def run_agent(
             # generation prompt; a closing after the final turn is never part of the record.
             delta = list(conv.prompt_ids[before:])
             if before + len(delta) >= config.context_budget:
-                st.messages.extend(pending)
+                st.unseen.extend(pending)
                 finish_reason = "context_budget"
                 break
             st.add_prompt(delta)
@@ -228,9 +230,12 @@ async def run_agent(
 
     st.metrics["turns"] = float(len(st.turns))
     st.metrics["run_agent_s"] = time.monotonic() - started
+    artifacts: dict[str, Any] = {}
+    if st.unseen:
+        artifacts["unseen_observations"] = [m.model_dump(exclude_none=True) for m in st.unseen]
     return RunOutput(
         messages=st.messages, turns=st.turns, token_trajectory=_flatten(st),
-        finish_reason=finish_reason, answer=answer, metrics=st.metrics)
+        finish_reason=finish_reason, answer=answer, artifacts=artifacts, metrics=st.metrics)
 
 
 def _assistant_text(assistant: Any) -> str:

@@ -51,7 +51,7 @@ class SentinelScanner:
 
     def feed(self, data: bytes) -> List[Tuple[str, Any]]:
         """Return a list of ``("out", bytes)`` and ``("sentinel", (seq, rc, pwd))`` events."""
-        events = []  # type: List[Tuple[str, Any]]
+        events: List[Tuple[str, Any]] = []
         if self._carry:
             data = self._carry + data
             self._carry = b""
@@ -143,16 +143,16 @@ class BashSession:
         self._dims = (rows, cols)
         self._index = 0
         self.lock = asyncio.Lock()
-        self.proc = None  # type: Any
+        self.proc: Any = None
         self.pid = -1
         self.fd = -1
         self.alive = False
-        self.returncode = None  # type: Optional[int]
-        self._exited = None  # type: Optional[asyncio.Future]
+        self.returncode: Optional[int] = None
+        self._exited: Optional[asyncio.Future] = None
         self._seq = 0
         self._waiting_seq = -1
-        self._done = None  # type: Optional[asyncio.Future]
-        self._scanner = None  # type: Optional[SentinelScanner]
+        self._done: Optional[asyncio.Future] = None
+        self._scanner: Optional[SentinelScanner] = None
         self._buffer = OutputBuffer(4096)
         self.last_output = 0.0
         self._script = ""
@@ -191,8 +191,10 @@ class BashSession:
         self.alive = True
         self.returncode = None
         self._exited = loop.create_future()
-        self._reaper.watch(self.pid, self._on_exit)
+        pid = self.pid
+        self._reaper.watch(pid, lambda code: self._on_exit(pid, code))
         os.set_blocking(self.fd, False)
+        self._reset_tty()
         loop.add_reader(self.fd, self._on_readable)
         self.last_output = loop.time()
         try:
@@ -269,11 +271,13 @@ class BashSession:
         self.alive = False
         self._fail(SessionDead(self.returncode))
 
-    def _on_exit(self, returncode: int) -> None:
+    def _on_exit(self, pid: int, returncode: int) -> None:
         """bash is gone; take what it left in the pty, then end the session.
 
         Waiting for EOF is not enough: a background job can hold the pty open long after bash exited.
         """
+        if pid != self.pid:
+            return  # a shell this session already replaced
         self.returncode = returncode
         if self._exited is not None and not self._exited.done():
             self._exited.set_result(returncode)
@@ -302,12 +306,16 @@ class BashSession:
 
     # -- commands --------------------------------------------------------------------------
 
-    def _ensure_no_echo(self) -> None:
-        """Programs killed mid-way (editors, REPLs) can leave echo on; the master side can reset it."""
+    def _reset_tty(self) -> None:
+        """No echo, and no ``\n`` -> ``\r\n`` translation, so output bytes are what the program wrote.
+
+        Programs killed mid-way (editors, REPLs) can leave other settings; the master side resets them.
+        """
         try:
             attrs = termios.tcgetattr(self.fd)
-            if attrs[3] & termios.ECHO:
+            if attrs[3] & termios.ECHO or attrs[1] & termios.ONLCR:
                 attrs[3] &= ~termios.ECHO
+                attrs[1] &= ~termios.ONLCR
                 termios.tcsetattr(self.fd, termios.TCSANOW, attrs)
         except termios.error:
             pass
@@ -331,13 +339,13 @@ class BashSession:
         self._waiting_seq = self._seq
         done = loop.create_future()
         self._done = done
-        self._ensure_no_echo()
+        self._reset_tty()
         self.last_output = loop.time()
         line = " __raas_seq=%d; . %s\n" % (self._seq, _shell_quote(self._script))
         os.write(self.fd, line.encode("utf-8"))
 
         timed_out = interrupted = restarted = False
-        exit_code = None  # type: Optional[int]
+        exit_code: Optional[int] = None
         reason = await self._wait(done, timeout_s, no_output_timeout_s)
         if reason != "done":
             timed_out = True
@@ -446,9 +454,9 @@ class BashTool:
         self.tmpdir = tmpdir
         self.reaper = reaper
         self.max_sessions = max_sessions
-        self.sessions = {}  # type: Dict[str, BashSession]
+        self.sessions: Dict[str, BashSession] = {}
         self._counter = 0
-        self._creating = {}  # type: Dict[str, asyncio.Lock]
+        self._creating: Dict[str, asyncio.Lock] = {}
 
     async def _get(self, name: str) -> BashSession:
         session = self.sessions.get(name)

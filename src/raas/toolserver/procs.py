@@ -49,7 +49,7 @@ def _read_stat(pid: int) -> Optional[List[str]]:
 
 
 def process_table() -> Dict[int, List[str]]:
-    table = {}  # type: Dict[int, List[str]]
+    table: Dict[int, List[str]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -66,10 +66,10 @@ def descendants(root: int, table: Optional[Dict[int, List[str]]] = None) -> Set[
     """All live processes whose parent chain reaches ``root`` (zombies excluded)."""
     if table is None:
         table = process_table()
-    children = {}  # type: Dict[int, List[int]]
+    children: Dict[int, List[int]] = {}
     for pid, stat in table.items():
         children.setdefault(int(stat[1]), []).append(pid)
-    found = set()  # type: Set[int]
+    found: Set[int] = set()
     stack = [root]
     while stack:
         for child in children.get(stack.pop(), ()):
@@ -106,7 +106,7 @@ class Reaper:
     """Reaps every exited child (we are a subreaper) and hands exit statuses to whoever waits on a pid."""
 
     def __init__(self) -> None:
-        self._watchers = {}  # type: Dict[int, Callable[[int], None]]
+        self._watchers: Dict[int, Callable[[int], None]] = {}
 
     def watch(self, pid: int, callback: Callable[[int], None]) -> None:
         """Call ``callback(returncode)`` once ``pid`` has exited.

@@ -15,7 +15,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from typing import Any, Awaitable, Callable, Dict, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
 
 from . import procs
 from .bash import BashTool
@@ -38,7 +38,7 @@ from .protocol import (
 
 # Argument specs: name -> (type tag, required). Type tags: str, num (>= 0), int (>= 0), list, any.
 ArgSpec = Dict[str, Tuple[str, bool]]
-_SPECS = {
+_SPECS: Dict[Tuple[str, str], ArgSpec] = {
     ("server", "ping"): {},
     ("server", "shutdown"): {},
     ("bash", "run"): {
@@ -65,7 +65,7 @@ _SPECS = {
     ("files", "download"): {"path": ("str", True)},
     ("files", "write"): {"path": ("str", True), "content_b64": ("str", True), "mode": ("int", False)},
     ("files", "read"): {"path": ("str", True)},
-}  # type: Dict[Tuple[str, str], ArgSpec]
+}
 
 
 def validate_args(tool: str, op: str, args: Any) -> Dict[str, Any]:
@@ -84,7 +84,7 @@ def validate_args(tool: str, op: str, args: Any) -> Dict[str, Any]:
     unknown = sorted(set(args) - set(spec))
     if unknown:
         raise ProtocolError(BAD_REQUEST, "unknown argument(s) for %s.%s: %s" % (tool, op, ", ".join(unknown)))
-    out = {}  # type: Dict[str, Any]
+    out: Dict[str, Any] = {}
     for name, (tag, required) in spec.items():
         value = args.get(name)
         if value is None:
@@ -132,12 +132,12 @@ class ToolServer:
         self.reaper = procs.Reaper()
         self.env = _child_env()
         self.bash = BashTool(workdir, self.env, self.tmpdir, self.reaper, max_sessions)
-        self._ipython = None  # type: Any
-        self._editor = None  # type: Any
-        self._stop = None  # type: Optional[asyncio.Event]
-        self._server = None  # type: Optional[asyncio.AbstractServer]
-        self._conns = {}  # type: Dict[asyncio.StreamWriter, Optional[asyncio.Task]]
-        self._tasks = set()  # type: Set[asyncio.Task]
+        self._ipython: Any = None
+        self._editor: Any = None
+        self._stop: Optional[asyncio.Event] = None
+        self._server: Optional[asyncio.AbstractServer] = None
+        self._conns: Dict[asyncio.StreamWriter, Optional[asyncio.Task]] = {}
+        self._tasks: Set[asyncio.Task] = set()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -244,8 +244,8 @@ class ToolServer:
             writer.close()
 
     async def _serve_one(self, body: bytes, send: Callable[[Dict[str, Any]], Awaitable[None]]) -> None:
-        req_id = None  # type: Any
-        req = {}  # type: Dict[str, Any]
+        req_id: Any = None
+        req: Dict[str, Any] = {}
         try:
             req = decode_body(body)
             req_id = req.get("id")

@@ -1,0 +1,328 @@
+"""Host-side asyncio client of the in-sandbox tool server.
+
+One Unix-socket connection carries any number of concurrent requests, matched to responses by id.
+A connection that drops fails every waiting call with ``sandbox_dead``; a call whose answer does not
+come in time fails with ``tool_timeout``. Tool-level limits (a command's timeout) are enforced by the
+server inside the sandbox; the client only adds a grace period on top, so a hung sandbox cannot hang
+the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import itertools
+import os
+import tarfile
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from raas.errors import RaasError
+from raas.sandbox.models import (
+    BashResult,
+    BashSessionInfo,
+    EditorResult,
+    IPythonResult,
+    ServerInfo,
+)
+from raas.toolserver.protocol import (
+    DEFAULT_MAX_FRAME,
+    PROTOCOL_VERSION,
+    ProtocolError,
+    decode_body,
+    encode_frame,
+    read_frame,
+)
+
+__all__ = ["ToolClient"]
+
+
+class ToolClient:
+    """Talks framed JSON to one tool server; safe to share between tasks of one event loop."""
+
+    def __init__(
+        self,
+        socket_path: str | os.PathLike[str],
+        *,
+        connect_timeout_s: float = 10.0,
+        request_timeout_s: float | None = None,
+        timeout_grace_s: float = 60.0,
+        max_frame: int = DEFAULT_MAX_FRAME,
+    ) -> None:
+        """``request_timeout_s`` bounds calls that carry no timeout of their own (None: wait)."""
+        self.socket_path = str(socket_path)
+        self.connect_timeout_s = connect_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.timeout_grace_s = timeout_grace_s
+        self.max_frame = max_frame
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._ids = itertools.count(1)
+        self._connect_lock = asyncio.Lock()
+        self._write_lock = asyncio.Lock()
+        self._closed = False
+
+    # -- connection ------------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, socket_path: str | os.PathLike[str], **kwargs: Any) -> ToolClient:
+        client = cls(socket_path, **kwargs)
+        await client.connect()
+        return client
+
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None and not self._writer.is_closing()
+
+    async def connect(self) -> None:
+        """Open the connection (again, if it dropped); a server that is not there is ``sandbox_dead``."""
+        if self._closed:
+            raise RaasError("tool client is closed", kind="sandbox_dead")
+        async with self._connect_lock:
+            if self.connected:
+                return
+            try:
+                async with asyncio.timeout(self.connect_timeout_s):
+                    reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=2**16)
+            except TimeoutError:
+                raise RaasError(
+                    f"connecting to the tool server at {self.socket_path} timed out", kind="sandbox_dead"
+                ) from None
+            except OSError as exc:
+                raise RaasError(
+                    f"cannot reach the tool server at {self.socket_path}: {exc.strerror or exc}",
+                    kind="sandbox_dead",
+                ) from None
+            self._reader, self._writer = reader, writer
+            self._reader_task = asyncio.create_task(self._read_loop(reader))
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        error = RaasError("the tool server closed the connection", kind="sandbox_dead")
+        try:
+            while True:
+                try:
+                    body = await read_frame(reader, self.max_frame + 1024)
+                except ProtocolError as exc:
+                    error = RaasError(f"bad frame from the tool server: {exc.message}", kind="sandbox_dead")
+                    break
+                if body is None:
+                    break
+                try:
+                    msg = decode_body(body)
+                except ProtocolError as exc:
+                    error = RaasError(f"bad frame from the tool server: {exc.message}", kind="sandbox_dead")
+                    break
+                req_id = msg.get("id")
+                if req_id is None:
+                    # A connection-level refusal (e.g. an oversize frame): the server hangs up next.
+                    err = msg.get("error") or {}
+                    error = RaasError(
+                        str(err.get("message", "connection refused by the tool server")),
+                        kind=str(err.get("kind", "sandbox_dead")),
+                    )
+                    continue
+                fut = self._pending.pop(req_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+        except (ConnectionError, OSError) as exc:
+            error = RaasError(f"the connection to the tool server broke: {exc}", kind="sandbox_dead")
+        finally:
+            self._drop_connection(error)
+
+    def _drop_connection(self, error: RaasError) -> None:
+        writer, self._writer, self._reader = self._writer, None, None
+        if writer is not None:
+            writer.close()
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(RaasError(error.message, kind=error.kind))
+
+    async def close(self) -> None:
+        """Close the connection; waiting calls fail with ``sandbox_dead``. Idempotent."""
+        self._closed = True
+        task, self._reader_task = self._reader_task, None
+        writer = self._writer
+        self._drop_connection(RaasError("tool client closed", kind="sandbox_dead"))
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def __aenter__(self) -> ToolClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def request(
+        self, tool: str, op: str, args: dict[str, Any] | None = None, *, wait_s: float | None = None
+    ) -> dict[str, Any]:
+        """Send one request and return its ``result``; errors become :class:`RaasError` with the server's kind.
+
+        ``wait_s`` bounds the wait for the answer (default: ``request_timeout_s``).
+        """
+        if not self.connected:
+            await self.connect()
+        req_id = next(self._ids)
+        frame = encode_frame(
+            {"v": PROTOCOL_VERSION, "id": req_id, "tool": tool, "op": op, "args": args or {}}
+        )
+        if len(frame) - 4 > self.max_frame:
+            raise RaasError(
+                f"request of {len(frame) - 4} bytes exceeds the frame limit of {self.max_frame} bytes",
+                kind="payload_too_large",
+            )
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[req_id] = fut
+        writer = self._writer
+        try:
+            if writer is None:
+                raise RaasError("the tool server connection is gone", kind="sandbox_dead")
+            try:
+                writer.write(frame)
+                async with self._write_lock:
+                    await writer.drain()
+            except (ConnectionError, OSError) as exc:
+                raise RaasError(f"sending to the tool server failed: {exc}", kind="sandbox_dead") from None
+            limit = self.request_timeout_s if wait_s is None else wait_s
+            try:
+                async with asyncio.timeout(limit):
+                    msg = await fut
+            except TimeoutError:
+                raise RaasError(
+                    f"{tool}.{op} got no answer from the tool server within {limit:g}s", kind="tool_timeout"
+                ) from None
+        finally:
+            self._pending.pop(req_id, None)
+        if msg.get("ok"):
+            result = msg.get("result")
+            return result if isinstance(result, dict) else {}
+        err = msg.get("error") or {}
+        raise RaasError(str(err.get("message", "tool server error")), kind=str(err.get("kind", "internal")))
+
+    def _wait_for(self, timeout: float | None) -> float | None:
+        if timeout is None:
+            return self.request_timeout_s
+        return timeout + self.timeout_grace_s
+
+    # -- tools ---------------------------------------------------------------------------------
+
+    async def ping(self) -> ServerInfo:
+        return ServerInfo.model_validate(await self.request("server", "ping", wait_s=self.connect_timeout_s))
+
+    async def shutdown(self) -> None:
+        """Ask the server to stop (it kills everything it started and removes its socket)."""
+        with contextlib.suppress(RaasError):
+            await self.request("server", "shutdown", wait_s=self.connect_timeout_s)
+
+    async def bash(
+        self,
+        command: str,
+        *,
+        session: str = "default",
+        timeout: float | None = None,  # noqa: ASYNC109 - enforced by the server inside the sandbox
+        no_output_timeout: float | None = None,
+        output_cap: int | None = None,
+    ) -> BashResult:
+        args: dict[str, Any] = {"command": command, "session": session}
+        if timeout is not None:
+            args["timeout"] = timeout
+        if no_output_timeout is not None:
+            args["no_output_timeout"] = no_output_timeout
+        if output_cap is not None:
+            args["output_cap"] = output_cap
+        bound = timeout if timeout is not None else no_output_timeout
+        return BashResult.model_validate(
+            await self.request("bash", "run", args, wait_s=self._wait_for(bound))
+        )
+
+    async def bash_close(self, session: str) -> bool:
+        result = await self.request("bash", "close", {"session": session}, wait_s=self._wait_for(0))
+        return bool(result.get("closed"))
+
+    async def bash_list(self) -> list[BashSessionInfo]:
+        result = await self.request("bash", "list", wait_s=self._wait_for(0))
+        return [BashSessionInfo.model_validate(s) for s in result.get("sessions", [])]
+
+    async def ipython(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - enforced by the server inside the sandbox
+        output_cap: int | None = None,
+    ) -> IPythonResult:
+        args: dict[str, Any] = {"code": code}
+        if timeout is not None:
+            args["timeout"] = timeout
+        if output_cap is not None:
+            args["output_cap"] = output_cap
+        return IPythonResult.model_validate(
+            await self.request("ipython", "run", args, wait_s=self._wait_for(timeout))
+        )
+
+    async def ipython_restart(self) -> None:
+        await self.request("ipython", "restart", wait_s=self._wait_for(0))
+
+    async def editor(self, command: str, path: str, **kwargs: Any) -> EditorResult:
+        """``str_replace_editor``: ``view``/``create``/``str_replace``/``insert``/``undo_edit``.
+
+        User mistakes (missing file, ambiguous ``old_str``...) raise :class:`RaasError` kind ``tool_error``.
+        """
+        args = {"command": command, "path": path, **{k: v for k, v in kwargs.items() if v is not None}}
+        return EditorResult.model_validate(
+            await self.request("editor", "run", args, wait_s=self._wait_for(0))
+        )
+
+    async def upload_bytes(self, tar_bytes: bytes, dest: str, *, mode: int | None = None) -> int:
+        """Extract a tar stream into directory ``dest`` in the sandbox; returns the number of files."""
+        args: dict[str, Any] = {"path": dest, "data_b64": base64.b64encode(tar_bytes).decode("ascii")}
+        if mode is not None:
+            args["mode"] = mode
+        result = await self.request("files", "upload", args, wait_s=self._wait_for(0))
+        return int(result.get("files", 0))
+
+    async def upload_dir(self, host_dir: str | os.PathLike[str], dest: str) -> int:
+        """Copy the contents of ``host_dir`` into ``dest`` in the sandbox."""
+        data = await asyncio.to_thread(tar_directory, Path(host_dir))
+        return await self.upload_bytes(data, dest)
+
+    async def download(self, path: str) -> bytes:
+        """Tar stream of a file (one member) or of a directory's contents (names relative to it)."""
+        result = await self.request("files", "download", {"path": path}, wait_s=self._wait_for(0))
+        return base64.b64decode(result["data_b64"])
+
+    async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
+        raw = data.encode("utf-8") if isinstance(data, str) else data
+        args: dict[str, Any] = {"path": path, "content_b64": base64.b64encode(raw).decode("ascii")}
+        if mode is not None:
+            args["mode"] = mode
+        await self.request("files", "write", args, wait_s=self._wait_for(0))
+
+    async def read_file(self, path: str) -> bytes:
+        result = await self.request("files", "read", {"path": path}, wait_s=self._wait_for(0))
+        return base64.b64decode(result["content_b64"])
+
+
+def tar_directory(root: Path) -> bytes:
+    """An uncompressed tar of ``root``'s contents, member names relative to ``root``."""
+    if not root.is_dir():
+        raise RaasError(f"{root} is not a directory", kind="bad_request")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for child in sorted(root.iterdir()):
+            tar.add(child, arcname=child.name, recursive=True)
+    return buf.getvalue()

@@ -1,0 +1,63 @@
+"""Typed results of tool calls, as the host-side :class:`raas.sandbox.client.ToolClient` returns them."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Result(BaseModel):
+    # Newer servers may add fields; older clients keep working.
+    model_config = ConfigDict(extra="ignore")
+
+
+class BashResult(_Result):
+    """One ``bash.run``: cleaned, capped output plus what happened to the command and the session."""
+
+    output: str
+    exit_code: int | None = None
+    timed_out: bool = False
+    interrupted: bool = False
+    restarted: bool = False
+    truncated: bool = False
+    cwd: str = ""
+    session: str = "default"
+
+
+class BashSessionInfo(_Result):
+    session: str
+    alive: bool
+    busy: bool
+    cwd: str
+    pid: int
+
+
+class IPythonError(_Result):
+    ename: str
+    evalue: str
+    traceback: list[str] = Field(default_factory=list)
+
+
+class IPythonResult(_Result):
+    """One ``ipython.run``: streams, the result repr, an error (if raised), PNG images as base64."""
+
+    stdout: str = ""
+    stderr: str = ""
+    result: str | None = None
+    error: IPythonError | None = None
+    images: list[str] = Field(default_factory=list)
+    timed_out: bool = False
+    restarted: bool = False
+
+
+class EditorResult(_Result):
+    output: str
+
+
+class ServerInfo(_Result):
+    """The ``server.ping`` handshake."""
+
+    version: int
+    pid: int
+    python: str
+    sandbox_id: str | None = None
+    tools: dict[str, bool]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from raas.agent.config import AgentConfig
+from raas.agent.toolcalls import FORMAT_HINT, parse_tool_calls
 from raas.agent.tools import Observation, ToolSet
 from raas.agent.trajectory import Message, RunOutput, TokenTrajectory, ToolCall, Turn
 from raas.errors import RaasError
@@ -80,8 +81,6 @@ def _call_key(name: str, arguments: dict[str, Any]) -> str:
 
 def _parse(text: str) -> tuple[list[ToolCall], list[str]]:
     """Tool calls in an assistant message and the errors of the calls that could not be parsed."""
-    from raas.agent.toolcalls import parse_tool_calls
-
     parsed = parse_tool_calls(text)
     calls: list[ToolCall] = []
     for i, c in enumerate(parsed.calls):
@@ -176,7 +175,7 @@ async def run_agent(
                 stop: str | None = None
                 for err in errors:
                     st.bump("malformed_tool_calls")
-                    pending.append(Message(role="tool", content=f"Error: malformed tool call: {err}",
+                    pending.append(Message(role="tool", content=f"Error: malformed tool call: {err}. {FORMAT_HINT}",
                                            name="error"))
                 for call in calls:
                     key = _call_key(call.name, call.arguments)

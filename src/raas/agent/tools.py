@@ -147,7 +147,7 @@ def validate_arguments(name: str, arguments: Mapping[str, Any]) -> str | None:
 
 
 def _format_bash(r: Any) -> str:
-    out = str(_field(r, "output", "") or "")
+    out = str(_field(r, "output", "") or "").rstrip("\n")
     code = _field(r, "exit_code")
     notes = []
     if _field(r, "timed_out"):

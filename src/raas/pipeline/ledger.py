@@ -136,7 +136,10 @@ class Ledger:
     async def open(self) -> None:
         if self._thread is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RaasError(f"cannot create the ledger directory {self.path.parent}: {exc}", kind="internal") from exc
         ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._writer, args=(ready,), name="raas-ledger", daemon=True)
         self._thread.start()

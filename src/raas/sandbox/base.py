@@ -137,6 +137,8 @@ class Sandbox(ABC):
         self.pid_start: int | None = None
         self.started_at: float | None = None
         self.ready_s: float | None = None
+        self.server_info: Any = None
+        self._closed_event = asyncio.Event()
 
     # ---- paths -------------------------------------------------------------------------------------
     @property
@@ -288,13 +290,30 @@ class Sandbox(ABC):
     async def _connect(self) -> ToolClient:
         from raas.sandbox.client import ToolClient
 
+        class SandboxTools(ToolClient):
+            """The tool client with the sandbox's per-command wall clock as the default timeout."""
+
+            default_timeout: float | None = None
+
+            async def bash(self, command: str, *, timeout: float | None = None,  # noqa: ASYNC109
+                           **kwargs: Any) -> Any:
+                t = self.default_timeout if timeout is None else timeout
+                return await super().bash(command, timeout=t, **kwargs)
+
+            async def ipython(self, code: str, *, timeout: float | None = None,  # noqa: ASYNC109
+                              **kwargs: Any) -> Any:
+                t = self.default_timeout if timeout is None else timeout
+                return await super().ipython(code, timeout=t, **kwargs)
+
+        client = SandboxTools(str(self.socket_path))
+        client.default_timeout = self.config.command_timeout_s
         try:
-            client = await ToolClient.connect(
-                str(self.socket_path),
-                default_timeout=self.config.command_timeout_s,
-            )
+            await client.connect()
+            self.server_info = await client.ping()
         except RaasError as e:
-            raise RaasError(f"cannot reach the tool server: {e.message}", kind="sandbox_start_failed") from e
+            await client.close()
+            raise RaasError(f"cannot reach the tool server: {e.message}; {self._log_tail()}",
+                            kind="sandbox_start_failed") from e
         return client
 
     async def _watch(self) -> None:
@@ -323,6 +342,19 @@ class Sandbox(ABC):
             self._close_task = asyncio.ensure_future(self._close())
         await asyncio.shield(self._close_task)
 
+    async def wait_exited(self) -> int | None:
+        """Wait for the sandbox's main process to end (it died, or was closed); its exit code."""
+        if self._proc is None:
+            return None
+        code = await self._proc.wait()
+        if self._watch_task is not None and not self._closed:
+            await asyncio.shield(self._watch_task)
+        return code
+
+    async def wait_closed(self) -> None:
+        """Return once the sandbox is fully closed (by its owner, a lease expiry or the manager)."""
+        await self._closed_event.wait()
+
     async def _close(self) -> None:
         self._closed = True
         if self._client is not None:
@@ -345,7 +377,10 @@ class Sandbox(ABC):
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-        await asyncio.to_thread(self._cleanup_sync)
+        try:
+            await asyncio.to_thread(self._cleanup_sync)
+        finally:
+            self._closed_event.set()
 
     def kill_sync(self) -> None:
         """Synchronous last-resort close for atexit and signal handlers (no event loop needed)."""

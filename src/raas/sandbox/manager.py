@@ -33,10 +33,12 @@ from typing import Any
 
 from raas.errors import RaasError
 from raas.sandbox import procs
-from raas.sandbox.base import MAX_SOCKET_PATH, SOCKET_NAME, Sandbox, SandboxConfig, backend_class, remove_tree
+from raas.sandbox.base import MAX_SOCKET_PATH, Sandbox, SandboxConfig, backend_class, remove_tree
 
 log = logging.getLogger(__name__)
 
+# Budget: <root>/sb-<12 hex>/run/tool.sock, and ~45 bytes of sockets a sandbox makes in its home.
+SCRATCH_ROOT_MAX = MAX_SOCKET_PATH - 16 - 45
 _MANAGERS: weakref.WeakSet[SandboxManager] = weakref.WeakSet()
 _HOOKS_INSTALLED = False
 
@@ -83,6 +85,7 @@ class SandboxManager:
         self._pid = os.getpid()
         self._pid_start = procs.start_time(self._pid)
         self._live: dict[str, Sandbox] = {}
+        self.started_ids: list[str] = []  # every id this manager ever used (leak checks, audits)
         self._lease_timers: dict[str, asyncio.TimerHandle] = {}
         self._bundle: Path | None = None
         self._bundle_lock = asyncio.Lock()
@@ -92,10 +95,13 @@ class SandboxManager:
 
     # ---- paths -------------------------------------------------------------------------------------
     def _default_scratch(self) -> Path:
-        """``<state>/sb`` when the socket path fits in AF_UNIX's limit, else a short dir in /tmp."""
+        """``<state>/sb`` when short, else a short dir in /tmp.
+
+        AF_UNIX paths are limited to 107 bytes and a local sandbox's own programs (an IPython kernel's
+        ``ipc://`` sockets under its temp dir) need room below the scratch dir too.
+        """
         here = self.state_dir / "sb"
-        probe = here / new_sandbox_id() / "run" / SOCKET_NAME
-        if len(str(probe)) <= MAX_SOCKET_PATH:
+        if len(str(here)) <= SCRATCH_ROOT_MAX:
             return here
         tag = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:10]
         return Path(tempfile.gettempdir()) / f"raas-{os.geteuid()}-{tag}"
@@ -146,6 +152,7 @@ class SandboxManager:
         if lease is not None:
             sb.lease_deadline = asyncio.get_running_loop().time() + lease
         self._live[sid] = sb
+        self.started_ids.append(sid)
         self._write_record(sb)  # before any process exists: a crash from here on is reapable
         try:
             await sb.start()

@@ -1,0 +1,206 @@
+"""Every tool against every backend that runs here, plus isolation, limits, death and cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+import tarfile
+
+import pytest
+
+from raas.errors import RaasError
+from raas.sandbox import SandboxConfig, SandboxManager
+from raas.sandbox import procs as sbprocs
+from tests.conftest import SANDBOX_BACKENDS
+
+pytestmark = pytest.mark.integration
+ALL = pytest.mark.parametrize("backend", SANDBOX_BACKENDS)
+ISOLATED = pytest.mark.parametrize("backend", [b for b in SANDBOX_BACKENDS if b != "local"])
+
+
+@ALL
+async def test_bash_session_state_and_workspace(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+    async with sandbox_manager.sandbox(sandbox_config, owner="t") as sb:
+        assert sb.alive and sb.server_info.sandbox_id == sb.id
+        r = await sb.tools.bash("echo hello")
+        assert (r.output.strip(), r.exit_code) == ("hello", 0)
+        await sb.tools.bash("mkdir -p sub && cd sub && export RAAS_T=42 && f() { echo fn-$1; }")
+        r = await sb.tools.bash("pwd; echo $RAAS_T; f x; false")
+        lines = r.output.split()
+        assert lines[0].endswith("/sub") and lines[1:] == ["42", "fn-x"] and r.exit_code == 1
+        await sb.tools.bash("echo data > ../from_inside.txt")
+        # The workspace is a host dir: what the sandbox writes there is visible outside.
+        assert (sb.workspace / "from_inside.txt").read_text() == "data\n"
+        other = await sb.tools.bash("pwd", session="second")
+        assert not other.output.strip().endswith("/sub")
+
+
+@ALL
+async def test_ipython_editor_files(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+    async with sandbox_manager.sandbox(sandbox_config, owner="t") as sb:
+        wd = (await sb.tools.bash("pwd")).output.strip()
+        r = await sb.tools.ipython("x = 20\nprint('out', x)\nx + 22")
+        assert r.stdout.strip() == "out 20" and r.result == "42" and r.error is None
+        r = await sb.tools.ipython("1/0")
+        assert r.error is not None and r.error.ename == "ZeroDivisionError"
+        await sb.tools.editor("create", f"{wd}/a.py", file_text="a = 1\nb = 2\n")
+        await sb.tools.editor("str_replace", f"{wd}/a.py", old_str="b = 2", new_str="b = 3")
+        view = await sb.tools.editor("view", f"{wd}/a.py")
+        assert "b = 3" in view.output
+        with pytest.raises(RaasError) as e:
+            await sb.tools.editor("str_replace", f"{wd}/a.py", old_str="not there", new_str="x")
+        assert e.value.kind == "tool_error"
+        await sb.tools.write_file(f"{wd}/bin.dat", bytes(range(256)))
+        assert await sb.tools.read_file(f"{wd}/bin.dat") == bytes(range(256))
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo("tree/leaf.txt")
+            info.size = 4
+            tar.addfile(info, io.BytesIO(b"leaf"))
+        await sb.tools.upload_bytes(buf.getvalue(), wd)
+        assert (await sb.tools.bash("cat tree/leaf.txt")).output.strip() == "leaf"
+        with tarfile.open(fileobj=io.BytesIO(await sb.tools.download(f"{wd}/tree")), mode="r") as tar:
+            names = tar.getnames()
+        assert any(n.endswith("leaf.txt") for n in names)
+
+
+@ISOLATED
+async def test_network_off_and_on(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig,
+                                  backend: str) -> None:
+    hits = 0
+
+    async def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal hits
+        hits += 1
+        writer.close()
+
+    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    probe = (f"python3 -c \"import socket; s=socket.socket(); s.settimeout(5); "
+             f"s.connect(('127.0.0.1', {port})); print('CONNECTED')\"")
+    try:
+        async with sandbox_manager.sandbox(sandbox_config, owner="t") as sb:
+            r = await sb.tools.bash(probe)
+            assert "CONNECTED" not in r.output and r.exit_code != 0
+            r = await sb.tools.bash("python3 -c \"import socket; s=socket.socket(); s.settimeout(5); "
+                                    "s.connect(('1.1.1.1', 53))\"")
+            assert r.exit_code != 0 and ("unreachable" in r.output.lower() or "refused" in r.output.lower())
+        on = sandbox_config.model_copy(update={"network": True})
+        async with sandbox_manager.sandbox(on, owner="t") as sb:
+            r = await sb.tools.bash(probe)
+            assert "CONNECTED" in r.output, r.output
+        assert hits == 1
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@ALL
+async def test_command_timeout_from_config(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+    cfg = sandbox_config.model_copy(update={"command_timeout_s": 1.0})
+    async with sandbox_manager.sandbox(cfg, owner="t") as sb:
+        r = await sb.tools.bash("echo start; sleep 60")
+        assert r.timed_out and "start" in r.output
+        r = await sb.tools.bash("echo still-usable")
+        assert r.output.strip() == "still-usable" and not r.timed_out
+
+
+@ALL
+async def test_rlimits(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+    cfg = sandbox_config.model_copy(update={"memory_mb": 1024, "file_size_mb": 1})
+    async with sandbox_manager.sandbox(cfg, owner="t") as sb:
+        r = await sb.tools.bash("ulimit -f; ulimit -v")
+        assert r.output.split() == [str(1024), str(1024 * 1024)]  # bash reports KiB blocks
+        r = await sb.tools.bash("head -c 2000000 /dev/zero > big; echo rc=$?; stat -c %s big")
+        assert "rc=0" not in r.output and r.output.strip().endswith(str(1 << 20))
+        r = await sb.tools.bash("python3 -c 'x = bytearray(2000 << 20)' 2>&1 | tail -1")
+        assert "MemoryError" in r.output
+
+
+@ALL
+async def test_sandbox_death_is_typed(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+    sb = await sandbox_manager.start(sandbox_config, owner="t")
+    try:
+        assert sb.pid is not None
+        os.kill(sb.pid, signal.SIGKILL)  # the launcher (bwrap / apptainer / the local server)
+        with pytest.raises(RaasError) as e:
+            for _ in range(100):  # the first call may already be on its way when the death is noticed
+                await sb.tools.bash("echo hi")
+        assert e.value.kind == "sandbox_dead"
+        await asyncio.wait_for(sb.wait_exited(), 60)
+        assert not sb.alive
+    finally:
+        await sb.close()
+    with pytest.raises(RaasError) as e:
+        await sb.tools.bash("echo hi")
+    assert e.value.kind == "sandbox_dead"
+
+
+@ALL
+async def test_server_killed_from_inside(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+    async with sandbox_manager.sandbox(sandbox_config, owner="t") as sb:
+        with pytest.raises(RaasError) as e:
+            await sb.tools.bash("kill -9 $PPID; sleep 30")
+        assert e.value.kind == "sandbox_dead"
+        await asyncio.wait_for(sb.wait_exited(), 60)
+        assert sbprocs.pids_with_env(sb.id) == []
+
+
+@ALL
+@pytest.mark.parametrize("delay", [0.0, 0.02, 0.1])
+async def test_cancel_during_start_leaves_nothing(sandbox_manager: SandboxManager,
+                                                  sandbox_config: SandboxConfig, delay: float) -> None:
+    task = asyncio.create_task(sandbox_manager.start(sandbox_config, owner="t"))
+    await asyncio.sleep(delay)
+    task.cancel()
+    try:
+        sb = await task
+    except asyncio.CancelledError:
+        pass
+    else:  # it won the race: closing must still work
+        await sb.close()
+    assert sandbox_manager.list() == []
+
+
+@ALL
+async def test_cancel_during_command_closes(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+    started = asyncio.Event()
+
+    async def job() -> None:
+        async with sandbox_manager.sandbox(sandbox_config, owner="job") as sb:
+            await sb.tools.bash("nohup sleep 300 >/dev/null 2>&1 &")
+            started.set()
+            await sb.tools.bash("sleep 300")
+
+    task = asyncio.create_task(job())
+    await asyncio.wait_for(started.wait(), 120)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sandbox_manager.list() == []
+
+
+@ALL
+async def test_many_sandboxes_at_once(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+    n = 8
+
+    async def one(i: int) -> str:
+        async with sandbox_manager.sandbox(sandbox_config, owner=f"o{i % 2}") as sb:
+            r = await asyncio.gather(*(sb.tools.bash(f"echo {i}-{k}", session=f"s{k}") for k in range(3)))
+            return " ".join(x.output.strip() for x in r)
+
+    out = await asyncio.gather(*(one(i) for i in range(n)))
+    assert out == [f"{i}-0 {i}-1 {i}-2" for i in range(n)]
+
+
+@ALL
+async def test_close_owner_and_lease(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+    a = await sandbox_manager.start(sandbox_config, owner="a")
+    b = await sandbox_manager.start(sandbox_config, owner="b")
+    assert await sandbox_manager.close_owner("a") == 1
+    assert a.closed and not b.closed and a.id not in {p.name for p in sandbox_manager.scratch_root.iterdir()}
+    sandbox_manager.renew(b, 0.2)
+    await asyncio.wait_for(b.wait_closed(), 60)
+    assert b.closed and sandbox_manager.list() == []

@@ -1,0 +1,225 @@
+"""Command construction per backend, config validation, limits and image helpers (no runtime needed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from raas.errors import RaasError
+from raas.sandbox import SandboxConfig, backend_class
+from raas.sandbox.backends.apptainer import ApptainerSandbox
+from raas.sandbox.backends.bwrap import BwrapSandbox, bwrap_version
+from raas.sandbox.backends.docker import DockerSandbox, PodmanSandbox
+from raas.sandbox.backends.local import LocalSandbox
+from raas.sandbox.images import (
+    ImageSpec,
+    conversion_command,
+    is_convertible_source,
+    source_key,
+    system_debian_mirror,
+)
+from raas.sandbox.limits import LAUNCHER, python_command, rlimit_args
+
+pytestmark = pytest.mark.unit
+
+
+def make(cls: type, tmp_path: Path, **cfg: object):  # type: ignore[no-untyped-def]
+    config = SandboxConfig(**cfg)  # type: ignore[arg-type]
+    return cls(config, sandbox_id="sb-0123456789ab", owner="t", scratch=tmp_path / "sb",
+               bundle_dir=tmp_path / "bundle")
+
+
+def flag_pairs(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def test_backend_factory_knows_every_name() -> None:
+    assert backend_class("local") is LocalSandbox
+    assert backend_class("bwrap") is BwrapSandbox
+    assert backend_class("apptainer") is ApptainerSandbox
+    assert backend_class("singularity") is ApptainerSandbox
+    assert backend_class("docker") is DockerSandbox
+    assert backend_class("podman") is PodmanSandbox
+    with pytest.raises(RaasError) as e:
+        backend_class("chroot")
+    assert e.value.kind == "bad_request"
+
+
+@pytest.mark.parametrize("bad", [{"binds": ["relative:/x"]}, {"binds": ["/a:/b:rx"]}, {"workdir": "ws"},
+                                 {"env": {"A=B": "1"}}, {"env": {"RAAS_SANDBOX_ID": "x"}}, {"bogus": 1}])
+def test_config_rejects_bad_input(bad: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        SandboxConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_local_command(tmp_path: Path) -> None:
+    sb = make(LocalSandbox, tmp_path, env={"FOO": "bar"}, memory_mb=512)
+    spec = sb.build_launch()
+    argv = spec.argv
+    assert sys.executable in argv
+    assert argv[argv.index("--socket") + 1] == str(sb.socket_path)
+    assert "--watch-stdin" in argv
+    assert spec.env["PYTHONPATH"] == str(tmp_path / "bundle")
+    assert spec.env["FOO"] == "bar"
+    assert spec.env["HOME"] == str(sb.home)
+    assert spec.cwd == str(sb.workspace)
+    assert f"AS={512 << 20}" in argv
+
+
+def test_bwrap_command_fallback(tmp_path: Path) -> None:
+    (tmp_path / "img" / "root").mkdir(parents=True)
+    sb = make(BwrapSandbox, tmp_path, backend="bwrap", image=str(tmp_path / "img"),
+              binds=["/data:/data:ro", "/out:/out"], env={"X": "1,2"})
+    sb.overlay = False
+    argv = sb.build_launch().argv
+    assert argv[1] == "--unshare-all" and "--share-net" not in argv
+    assert "--die-with-parent" in argv
+    assert flag_pairs(argv, "--uid") == ["0"] and flag_pairs(argv, "--gid") == ["0"]
+    i = argv.index("--ro-bind")
+    assert argv[i + 1 : i + 3] == [str(tmp_path / "img"), "/"]
+    assert "--overlay-src" not in argv
+    tmpfs = flag_pairs(argv, "--tmpfs")
+    assert "/tmp" in tmpfs and "/root" in tmpfs and "/var/tmp" not in tmpfs  # only dirs the image has
+    pairs = list(zip(argv, argv[1:], argv[2:], strict=False))
+    assert ("--bind", str(sb.workspace), "/workspace") in pairs
+    assert ("--ro-bind", str(tmp_path / "bundle"), "/.raas/lib") in pairs
+    assert ("--bind", str(sb.run_dir), "/.raas/run") in pairs
+    assert ("--ro-bind", "/data", "/data") in pairs and ("--bind", "/out", "/out") in pairs
+    assert ("--setenv", "RAAS_SANDBOX_ID", "sb-0123456789ab") in pairs
+    assert ("--setenv", "X", "1,2") in pairs
+    assert "--clearenv" in argv
+    cmd = argv[argv.index("--") + 1 :]
+    assert cmd[:3] == ["python3", "-m", "raas_toolserver"]
+    assert cmd[cmd.index("--socket") + 1] == "/.raas/run/tool.sock"
+
+
+def test_bwrap_command_overlay_and_network(tmp_path: Path) -> None:
+    sb = make(BwrapSandbox, tmp_path, backend="bwrap", image="/img", network=True)
+    sb.overlay = True
+    argv = sb.build_launch().argv
+    assert "--share-net" in argv
+    i = argv.index("--overlay-src")
+    assert argv[i + 1 : i + 4] == ["/img", "--tmp-overlay", "/"]
+    assert ["--ro-bind", "/img", "/"] != argv[i - 1 : i + 2]
+
+
+def test_bwrap_version_is_parsed() -> None:
+    exe = "/usr/bin/bwrap"
+    if not os.path.exists(exe):
+        pytest.skip("bubblewrap not installed")
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True).stdout
+    version = bwrap_version(exe)
+    assert ".".join(map(str, version)) in out
+
+
+@pytest.mark.parametrize("as_root", [True, False])
+def test_apptainer_command(tmp_path: Path, as_root: bool) -> None:
+    sb = make(ApptainerSandbox, tmp_path, backend="apptainer", image="/img", env={"A": "x,y"},
+              binds=["/d:/d:ro"])
+    sb.as_root = as_root
+    spec = sb.build_launch()
+    argv = spec.argv
+    assert argv[1:3] == ["-s", "exec"]
+    for flag in ("--containall", "--no-home", "--writable-tmpfs"):
+        assert flag in argv
+    assert flag_pairs(argv, "--network") == ["none"] and "--net" in argv
+    assert ("--userns" in argv) is as_root
+    assert ("--fakeroot" in argv) is (not as_root)
+    binds = flag_pairs(argv, "--bind")
+    assert f"{sb.workspace}:/workspace" in binds
+    assert f"{sb.run_dir}:/.raas/run" in binds
+    assert f"{tmp_path / 'bundle'}:/.raas/lib:ro" in binds
+    assert "/d:/d:ro" in binds
+    assert spec.env["APPTAINERENV_RAAS_SANDBOX_ID"] == "sb-0123456789ab"
+    assert spec.env["APPTAINERENV_A"] == "x,y"
+    assert spec.env["APPTAINERENV_PYTHONPATH"] == "/.raas/lib"
+    assert argv[argv.index("/img") + 1 :][:3] == ["python3", "-m", "raas_toolserver"]
+
+
+def test_apptainer_network_on_and_no_fakeroot(tmp_path: Path) -> None:
+    sb = make(ApptainerSandbox, tmp_path, backend="apptainer", image="/img", network=True, fakeroot=False)
+    sb.as_root = False
+    argv = sb.build_launch().argv
+    assert "--network" not in argv and "--fakeroot" not in argv and "--userns" not in argv
+
+
+@pytest.mark.parametrize("cls,cli", [(DockerSandbox, "docker"), (PodmanSandbox, "podman")])
+def test_docker_command(tmp_path: Path, cls: type, cli: str) -> None:
+    sb = make(cls, tmp_path, backend=cli, image="docker://python:3.12-slim", memory_mb=256, max_procs=64,
+              file_size_mb=10)
+    argv = sb.build_launch().argv
+    assert argv[:2] == [cli, "run"] and "--rm" in argv and "-i" in argv
+    assert flag_pairs(argv, "--name") == ["raas-sb-0123456789ab"]
+    assert flag_pairs(argv, "--network") == ["none"]
+    vols = flag_pairs(argv, "-v")
+    assert f"{sb.run_dir}:/.raas/run" in vols and f"{tmp_path / 'bundle'}:/.raas/lib:ro" in vols
+    assert flag_pairs(argv, "--memory") == ["256m"]
+    assert flag_pairs(argv, "--pids-limit") == ["64"]
+    assert flag_pairs(argv, "--ulimit") == [f"fsize={10 << 20}:{10 << 20}"]
+    assert "RAAS_SANDBOX_ID=sb-0123456789ab" in flag_pairs(argv, "-e")
+    i = argv.index("python:3.12-slim")
+    assert argv[i + 1 : i + 4] == ["python3", "-m", "raas_toolserver"]
+
+
+def test_rlimit_args_and_launcher_apply_limits(tmp_path: Path) -> None:
+    assert rlimit_args(None, None, None) == []
+    assert python_command("py", "m", ["a"], []) == ["py", "-m", "m", "a"]
+    with pytest.raises(RaasError):
+        rlimit_args(0, None, None)
+    limits = rlimit_args(1024, 3, 100)
+    # Run the launcher for real with this interpreter: it must set the limits, then run the module.
+    argv = python_command(sys.executable, "json.tool", ["--help"], limits)
+    assert argv[:3] == [sys.executable, "-c", LAUNCHER]
+    (tmp_path / "raas_probe.py").write_text(
+        "import resource as r;print(r.getrlimit(r.RLIMIT_AS)[0],r.getrlimit(r.RLIMIT_FSIZE)[0],"
+        "r.getrlimit(r.RLIMIT_NPROC)[0])\n")
+    out = subprocess.run([sys.executable, "-c", LAUNCHER, *limits, "--", "-m", "raas_probe"],
+                         capture_output=True, text=True, check=False,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(1024 << 20), str(3 << 20), "100"]
+    ran = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert ran.returncode == 0 and "usage" in ran.stdout.lower()
+
+
+def test_image_spec_key_is_stable_and_validated() -> None:
+    a = ImageSpec(packages=("git", "python3"))
+    b = ImageSpec(packages=("python3", "git", "git"))
+    assert a.key() == b.key()
+    assert a.key() != ImageSpec(packages=("python3",)).key()
+    assert a.key() != ImageSpec(suite="trixie", packages=("git", "python3")).key()
+    with pytest.raises(RaasError):
+        ImageSpec(packages=("bad name",))
+    with pytest.raises(RaasError):
+        ImageSpec(suite="../etc")
+
+
+def test_mirror_comes_from_apt_sources() -> None:
+    mirror = system_debian_mirror()
+    assert mirror.startswith(("http://", "https://", "file:"))
+    assert "security" not in mirror
+
+
+def test_image_sources(tmp_path: Path) -> None:
+    sif = tmp_path / "x.sif"
+    sif.write_bytes(b"x")
+    assert is_convertible_source("docker://debian:12")
+    assert is_convertible_source("oci-archive:/x.tar")
+    assert is_convertible_source(str(sif))
+    assert not is_convertible_source(str(tmp_path))
+    k1 = source_key(str(sif))
+    sif.write_bytes(b"xy")
+    assert source_key(str(sif)) != k1  # a changed file is converted again
+    assert source_key("docker://debian:12") == source_key("docker://debian:12")
+    with pytest.raises(RaasError) as e:
+        source_key("docker-archive:/nonexistent.tar")
+    assert e.value.kind == "bad_request"
+    cmd = conversion_command("apptainer", "docker://debian:12", tmp_path / "d", as_root=False)
+    assert cmd[:5] == ["apptainer", "-s", "build", "--sandbox", "--force"] and "--fakeroot" in cmd
+    assert cmd[-2:] == [str(tmp_path / "d"), "docker://debian:12"]
+    assert "--fakeroot" not in conversion_command("apptainer", "x.sif", tmp_path / "d", as_root=True)

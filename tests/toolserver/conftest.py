@@ -63,13 +63,26 @@ def processes_tagged(sandbox_id: str) -> list[int]:
     return found
 
 
+async def wait_gone(sandbox_id: str, limit_s: float = 10.0) -> list[int]:
+    """Processes still tagged after a kill may need a moment to die; return those that never do."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limit_s
+    while (left := processes_tagged(sandbox_id)) and loop.time() < end:  # noqa: ASYNC110 - /proc has no event
+        await asyncio.sleep(0.05)
+    return left
+
+
+def path_exists(path: str) -> bool:
+    return os.path.lexists(path)
+
+
 @pytest.fixture(scope="session")
 def bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_bundle(tmp_path_factory.mktemp("bundle"))
 
 
 async def start_server(
-    bundle: Path, *, python: str = sys.executable, extra_args: tuple[str, ...] = ()
+    bundle: Path, *, python: str = sys.executable, extra_args: tuple[str, ...] = (), stdin_pipe: bool = False
 ) -> RunningServer:
     # AF_UNIX paths are short: keep the socket directly under /tmp.
     base = Path(tempfile.mkdtemp(prefix="raas-ts-test-", dir="/tmp"))
@@ -77,7 +90,10 @@ async def start_server(
     workdir.mkdir()
     sock = str(base / "tool.sock")
     sandbox_id = f"test-{uuid.uuid4().hex[:12]}"
-    env = dict(os.environ, PYTHONPATH=str(bundle), RAAS_SANDBOX_ID=sandbox_id)
+    tmp = base / "tmp"
+    tmp.mkdir()
+    # The server's own temp files go here, so tests can check they are removed.
+    env = dict(os.environ, PYTHONPATH=str(bundle), RAAS_SANDBOX_ID=sandbox_id, TMPDIR=str(tmp))
     proc = await asyncio.create_subprocess_exec(
         python,
         "-m",
@@ -87,7 +103,7 @@ async def start_server(
         "--workdir",
         str(workdir),
         *extra_args,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.PIPE if stdin_pipe else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         env=env,
     )
@@ -107,7 +123,7 @@ async def fresh_server(bundle_dir: Path) -> AsyncIterator[RunningServer]:
     finally:
         if srv.proc.returncode is None:
             await srv.stop()
-        leftovers = processes_tagged(srv.sandbox_id)
+        leftovers = await wait_gone(srv.sandbox_id)
         srv.cleanup()
         assert leftovers == [], f"processes left behind: {leftovers}"
 
@@ -123,7 +139,7 @@ async def shared_server(bundle_dir: Path) -> AsyncIterator[RunningServer]:
         srv.cleanup()
         assert code == 0
         assert leftovers == [], f"processes left behind: {leftovers}"
-        assert not os.path.exists(srv.socket)
+        assert not path_exists(srv.socket)
 
 
 @pytest.fixture(scope="session")

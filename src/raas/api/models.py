@@ -50,6 +50,7 @@ class StatusResponse(BaseModel):
     finished: dict[str, int]
     llm_servers: list[dict[str, Any]]
     llm_available: bool
+    llm_paused: bool
 
 
 class OkResponse(BaseModel):

@@ -237,6 +237,7 @@ class RolloutService:
                 from raas.llm import LLMBalancer  # type: ignore[attr-defined]
 
                 self.balancer = LLMBalancer()
+                self.balancer.start_health_checks()
             except ImportError as exc:
                 log.warning("LLM layer unavailable: %s", exc)
         if self.balancer is not None:
@@ -275,9 +276,9 @@ class RolloutService:
         if self._owns_manager and self.sandbox_manager is not None:
             with contextlib.suppress(Exception):
                 await self.sandbox_manager.close_all()
-        if self._owns_balancer and self.balancer is not None and hasattr(self.balancer, "close"):
+        if self._owns_balancer and self.balancer is not None and hasattr(self.balancer, "aclose"):
             with contextlib.suppress(Exception):
-                await _maybe_await(self.balancer.close())
+                await self.balancer.aclose()
         self.bus.close()
         await self.ledger.close()
 
@@ -501,6 +502,7 @@ class RolloutService:
             "finished": dict(self._finished_counts),
             "llm_servers": self.llm_servers(),
             "llm_available": self.balancer is not None,
+            "llm_paused": bool(getattr(self.balancer, "paused", False)),
         }
 
     # -- cancel ------------------------------------------------------------------------------------------
@@ -653,6 +655,8 @@ class RolloutService:
             await a.sandboxes.close_all()
         if a.env is not None:
             a.env.sandbox = None
+        if self.balancer is not None and hasattr(self.balancer, "release"):
+            self.balancer.release(a.job.trajectory_id)  # unpin, whatever the handler did
         try:
             await asyncio.shield(self.sandbox_manager.close_owner(a.job.job_id))
         except Exception:

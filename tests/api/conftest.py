@@ -1,0 +1,110 @@
+"""Fixtures for API tests: the real app served by uvicorn on a real socket, driven over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from raas.api.app import create_app
+from raas.pipeline.config import ServiceConfig
+from raas.pipeline.service import RolloutService
+from tests.pipeline.conftest import RecordingSandboxManager, assert_no_leftovers, script_handler
+
+__all__ = ["script_handler"]
+
+
+@dataclass
+class LiveAPI:
+    url: str
+    service: RolloutService
+    manager: RecordingSandboxManager
+    client: httpx.AsyncClient
+
+
+class Served:
+    """One uvicorn server on 127.0.0.1:<free port> in the running loop; the app's lifespan runs the service."""
+
+    def __init__(self, app: Any) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False,
+                                timeout_graceful_shutdown=5)
+        self.server = uvicorn.Server(config)
+        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
+        while not self.server.started:
+            if self.task.done():
+                self.task.result()
+                raise RuntimeError("uvicorn exited during start-up")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        if self.task is not None:
+            await self.task
+        self.sock.close()
+
+
+APIFactory = Callable[..., Awaitable[LiveAPI]]
+
+
+@pytest.fixture
+async def make_api(tmp_path: Path, script_handler: Any, monkeypatch: pytest.MonkeyPatch
+                   ) -> AsyncIterator[APIFactory]:
+    """``await make_api(**config)``: a live service over HTTP; stopped and leak-checked at teardown."""
+    monkeypatch.delenv("RAAS_API_TOKEN", raising=False)
+    made: list[tuple[Served, LiveAPI]] = []
+
+    async def make(**overrides: Any) -> LiveAPI:
+        state = tmp_path / f"api{len(made)}"
+        cfg = ServiceConfig(state_dir=state, **{"shutdown_grace_s": 0.0, **overrides})
+        manager = RecordingSandboxManager(state / "sandboxes")
+        service = RolloutService(cfg, sandbox_manager=manager)
+        served = Served(create_app(service))
+        await served.start()
+        api = LiveAPI(served.url, service, manager, httpx.AsyncClient(base_url=served.url, timeout=60))
+        made.append((served, api))
+        return api
+
+    yield make
+    for served, api in made:
+        await api.client.aclose()
+        await served.stop()
+        assert_no_leftovers(api.manager)
+        await api.manager.close_all()
+
+
+@contextlib.asynccontextmanager
+async def sse(client: httpx.AsyncClient, path: str = "/v1/events", **kw: Any) -> AsyncIterator[Any]:
+    """Open an SSE stream; yields an async iterator of parsed ``(event, data)`` pairs."""
+    import json
+
+    async with client.stream("GET", path, **kw) as response:
+        assert response.status_code == 200, response.status_code
+        assert response.headers["content-type"].startswith("text/event-stream")
+
+        async def events() -> AsyncIterator[tuple[str, dict[str, Any]]]:
+            name, data = "message", ""
+            async for line in response.aiter_lines():
+                if line.startswith("event:"):
+                    name = line[6:].strip()
+                elif line.startswith("data:"):
+                    data += line[5:].strip()
+                elif line == "" and data:
+                    yield name, json.loads(data)
+                    name, data = "message", ""
+
+        yield events()

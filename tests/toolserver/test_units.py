@@ -1,0 +1,141 @@
+"""In-process pieces of the tool server: framing, output capping, sentinel parsing, argument checks."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import struct
+from pathlib import Path
+
+import pytest
+
+import raas.toolserver as toolserver_pkg
+from raas.toolserver.bash import SentinelScanner
+from raas.toolserver.bundle import BUNDLE_PACKAGE, build_bundle
+from raas.toolserver.output import OutputBuffer, cap_text, clean_text
+from raas.toolserver.protocol import (
+    ProtocolError,
+    decode_body,
+    encode_frame,
+    read_frame,
+    truncation_marker,
+)
+from raas.toolserver.server import validate_args
+
+pytestmark = pytest.mark.unit
+
+PACKAGE_DIR = Path(toolserver_pkg.__file__).parent
+IN_SANDBOX_MODULES = sorted(p for p in PACKAGE_DIR.glob("*.py") if p.name != "bundle.py")
+
+
+def reader_with(data: bytes, eof: bool = True) -> asyncio.StreamReader:
+    r = asyncio.StreamReader()
+    r.feed_data(data)
+    if eof:
+        r.feed_eof()
+    return r
+
+
+async def test_frame_round_trip_and_limits() -> None:
+    frame = encode_frame({"id": 1, "text": "ünïcode"})
+    (length,) = struct.unpack(">I", frame[:4])
+    assert length == len(frame) - 4
+    body = await read_frame(reader_with(frame + frame), 1 << 20)
+    assert body is not None and decode_body(body) == {"id": 1, "text": "ünïcode"}
+    assert await read_frame(reader_with(b""), 10) is None
+    with pytest.raises(ProtocolError) as exc:
+        await read_frame(reader_with(frame), 5)
+    assert exc.value.kind == "payload_too_large"
+    for partial in (frame[:2], frame[:-1]):
+        with pytest.raises(ProtocolError) as exc:
+            await read_frame(reader_with(partial), 1 << 20)
+        assert exc.value.kind == "bad_request"
+    for bad in (b"nope", b"[]", b"\xff"):
+        with pytest.raises(ProtocolError):
+            decode_body(bad)
+
+
+def test_output_buffer_keeps_head_and_tail() -> None:
+    buf = OutputBuffer(10)
+    buf.feed(b"0123")
+    assert buf.text() == ("0123", False)
+    data = bytes(range(65, 91)) * 3  # 78 bytes
+    buf = OutputBuffer(10)
+    for i in range(0, len(data), 7):
+        buf.feed(data[i : i + 7])
+    head, tail, dropped = buf.raw()
+    assert (head, tail, dropped) == (data[:5], data[-5:], len(data) - 10)
+    text, truncated = buf.text()
+    assert truncated and text == data[:5].decode() + truncation_marker(68) + data[-5:].decode()
+
+
+def test_output_buffer_memory_is_bounded() -> None:
+    buf = OutputBuffer(1000)
+    for _ in range(10_000):
+        buf.feed(b"y" * 333)
+        assert len(buf._head) + len(buf._tail) <= 500 + 2 * 500
+    assert buf.total == 3_330_000
+
+
+def test_clean_text() -> None:
+    assert clean_text(b"\x1b[1;31mred\x1b[0m \x1b]0;title\x07ok\r\n") == "red ok\n"
+    assert clean_text(b"10%\r50%\r100%\ndone\r\r\n") == "100%\ndone\n"
+    assert clean_text(b"bell\x07 nul\x00 tab\tend") == "bell nul tab\tend"
+    assert clean_text(b"bad \xff\xfe utf8") == "bad \ufffd\ufffd utf8"
+    assert cap_text("x" * 50, 10) == ("xxxxx" + truncation_marker(40) + "xxxxx", True)
+    assert cap_text("short", 10) == ("short", False)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 7, 64])
+def test_sentinel_scanner_across_chunk_boundaries(chunk: int) -> None:
+    token = b"abc123"
+    stream = b"out\x1ebefore \x1eabc12" + b"\x1eabc123 7 0 /tmp/a b\x1e" + b"tail\x1eabc123 8 130 /\x1e"
+    scanner = SentinelScanner(token)
+    out = b""
+    sentinels = []
+    for i in range(0, len(stream), chunk):
+        for kind, value in scanner.feed(stream[i : i + chunk]):
+            if kind == "out":
+                out += value
+            else:
+                sentinels.append(value)
+    assert out == b"out\x1ebefore \x1eabc12tail"
+    assert sentinels == [(7, 0, "/tmp/a b"), (8, 130, "/")]
+
+
+def test_validate_args() -> None:
+    assert validate_args("bash", "run", {"command": "ls", "timeout": 1.5}) == {"command": "ls", "timeout": 1.5}
+    assert validate_args("server", "ping", None) == {}
+    for tool, op, args in [
+        ("bash", "run", {"command": None}),
+        ("bash", "run", {"command": "x", "timeout": float("nan")}),
+        ("bash", "run", {"command": "x", "output_cap": 1.5}),
+        ("editor", "run", {"command": "view", "path": "/", "view_range": "1,2"}),
+        ("files", "read", {"path": "/x", "extra": 1}),
+        ("nope", "x", {}),
+    ]:
+        with pytest.raises(ProtocolError) as exc:
+            validate_args(tool, op, args)
+        assert exc.value.kind == "bad_request"
+
+
+@pytest.mark.parametrize("module", IN_SANDBOX_MODULES, ids=lambda p: p.name)
+def test_in_sandbox_code_parses_as_python38(module: Path) -> None:
+    """The server runs on the image's python3 (>= 3.8) and may import nothing else from raas."""
+    tree = ast.parse(module.read_text(), feature_version=(3, 8))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            assert not (node.module or "").startswith("raas"), f"{module.name} imports {node.module}"
+        if isinstance(node, ast.Import):
+            assert not any(a.name.startswith("raas") for a in node.names), module.name
+
+
+def test_bundle_is_cached_by_content(tmp_path: Path) -> None:
+    first = build_bundle(tmp_path)
+    assert build_bundle(tmp_path) == first
+    assert (first / BUNDLE_PACKAGE / "__main__.py").is_file()
+    assert (first / "ptyprocess" / "__init__.py").is_file()
+    assert sorted(p.name for p in (first / BUNDLE_PACKAGE).glob("*.py")) == sorted(
+        p.name for p in PACKAGE_DIR.glob("*.py")
+    )
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no staging dirs left

@@ -64,8 +64,9 @@ class StageScriptHandler(TaskHandler):
             from raas.llm import SamplingParams
 
             prompt = [int(t) for t in script["generate"]]
-            res = await llm.balancer.generate(prompt, SamplingParams(max_tokens=int(script.get("max_tokens", 4))),
-                                              trajectory_id=job.trajectory_id)
+            chosen = {k: v for k, v in job.sampling_params.items() if k in SamplingParams.model_fields}
+            sampling = SamplingParams(**{**chosen, "max_tokens": int(script.get("max_tokens", 4))})
+            res = await llm.balancer.generate(prompt, sampling, trajectory_id=job.trajectory_id)
             turns.append(Turn(index=0, prompt_ids=prompt, prompt_is_delta=False, prompt_len=len(prompt),
                               output_ids=list(res.output_ids), logprobs=list(res.logprobs),
                               finish_reason=str(res.finish_reason), server=res.server))

@@ -1,25 +1,15 @@
-"""Shared pieces for agent-loop tests: the real SmolLM2 chat tokenizer, a real local sandbox, and the
-scripted policy server (a test double speaking the vLLM wire protocol) behind the real balancer."""
+"""Fixtures for agent-loop tests: the real SmolLM2 chat tokenizer and a real local sandbox whose manager
+asserts at teardown that nothing was left behind."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
-from tests.doubles.scripted_llm import Completion, ScriptedLLM, replay
 
-from raas.agent.config import AgentConfig
-from raas.llm.balancer import LLMBalancer
 from raas.llm.models import prepare_tokenizer
 from raas.llm.tokenizer import ChatTokenizer
 from raas.sandbox import Sandbox, SandboxConfig, SandboxManager
-from raas.tasks.base import Job, LLMContext
-
-EOS = 2  # <|im_end|> in SmolLM2's vocabulary
 
 
 @pytest.fixture(scope="session")
@@ -27,57 +17,10 @@ def tokenizer() -> ChatTokenizer:
     return ChatTokenizer.from_pretrained(prepare_tokenizer())
 
 
-def tool_call(name: str, **arguments: Any) -> str:
-    """An assistant message calling one tool in the Hermes format the SmolLM2 setup uses."""
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
-
-
-def completions(tok: ChatTokenizer, texts: Sequence[str], *, logprob_base: float = -0.5) -> list[Completion]:
-    """One scripted completion per text, ending in EOS, with distinct logprobs so mix-ups show."""
-    out = []
-    for i, text in enumerate(texts):
-        c = Completion.of_text(text, encode=tok.encode, eos_id=EOS)
-        c.logprobs = [logprob_base - 0.001 * (i * 1000 + j) for j in range(len(c.token_ids))]
-        out.append(c)
-    return out
-
-
 @pytest.fixture
-async def manager(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SandboxManager]:
-    state = Path(tmp_path_factory.mktemp("sbx"))
-    m = SandboxManager(state)
-    try:
-        yield m
-    finally:
-        await m.close_all()
-
-
-@pytest.fixture
-async def sandbox(manager: SandboxManager) -> AsyncIterator[Sandbox]:
-    sb = await manager.start(SandboxConfig(backend="local"), owner="agent-test")
+async def sandbox(sandbox_manager: SandboxManager) -> AsyncIterator[Sandbox]:
+    sb = await sandbox_manager.start(SandboxConfig(backend="local"), owner="agent-test")
     try:
         yield sb
     finally:
         await sb.close()
-
-
-ScriptFactory = Callable[..., Any]
-
-
-@asynccontextmanager
-async def scripted_policy(tok: ChatTokenizer, texts: Sequence[str], agent: AgentConfig | None = None,
-                          ) -> AsyncIterator[tuple[ScriptedLLM, LLMContext, list[Completion]]]:
-    """A scripted server replaying ``texts`` and an LLMContext routing to it through a real balancer."""
-    script = completions(tok, texts)
-    async with ScriptedLLM(replay(script)) as server:
-        balancer = LLMBalancer(health_interval_s=0)
-        balancer.add(server.url)
-        try:
-            yield server, LLMContext(balancer=balancer, tokenizer=tok, agent=agent or AgentConfig()), script
-        finally:
-            await balancer.aclose()
-
-
-def make_job(instance: dict[str, Any] | None = None, **sampling: Any) -> Job:
-    inst = instance or {"data_source": "math", "problem": "What is 6 times 7?", "answer": "42"}
-    return Job(job_id="job-1", instance=inst, trajectory_id="traj-1", sampling_params=sampling)

@@ -4,7 +4,7 @@ tokenizer and a real local sandbox."""
 from __future__ import annotations
 
 import pytest
-from tests.agent.conftest import make_job, scripted_policy, tool_call
+from tests.agent.scripted import make_job, scripted_policy, tool_call
 from tests.doubles.scripted_llm import ScriptedLLM
 
 from raas.agent.config import AgentConfig

@@ -75,7 +75,7 @@ def test_turn_cost_does_not_grow_with_history(smol: ChatTokenizer, monkeypatch: 
 
     monkeypatch.setattr(smol, "render", spy)
     for turn in range(30):
-        conv.add_assistant(smol.encode(f"step {turn}") + [2])
+        conv.add_assistant([*smol.encode(f"step {turn}"), 2])
         conv.add_messages([{"role": "tool", "content": f"out {turn}"}])
     assert max(rendered) <= 4  # dummy system + user + last message + one new message
     monkeypatch.undo()

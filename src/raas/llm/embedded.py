@@ -115,11 +115,7 @@ class EmbeddedServer:
 
     async def _start_once(self, port: int) -> None:
         cmd = self.command(port)
-        self._tmp = Path(tempfile.mkdtemp(prefix="raas-llama-"))
-        self._log = self._tmp / "server.log"
-        with open(self._log, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
+        self._spawn(cmd)
         self.port = port
         _LIVE.add(self)
         deadline = time.monotonic() + self.startup_timeout_s
@@ -136,6 +132,14 @@ class EmbeddedServer:
                                     kind="llm_unavailable")
                 await asyncio.sleep(0.05)
 
+    def _spawn(self, cmd: list[str]) -> None:
+        """Fork on the calling (event-loop) thread: PR_SET_PDEATHSIG follows the thread that forked."""
+        self._tmp = Path(tempfile.mkdtemp(prefix="raas-llama-"))
+        self._log = self._tmp / "server.log"
+        with open(self._log, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True, preexec_fn=_die_with_parent)
+
     def log_tail(self, n: int = 2000) -> str:
         if self._log is None or not self._log.exists():
             return ""
@@ -147,10 +151,9 @@ class EmbeddedServer:
         proc = self.proc
         if proc is not None and proc.poll() is None:
             _signal_group(proc, signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            while proc.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            if proc.poll() is None:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(proc.wait), grace_s)
+            except TimeoutError:
                 _signal_group(proc, signal.SIGKILL)
                 await asyncio.to_thread(proc.wait)
         self.kill_now()

@@ -1,0 +1,109 @@
+"""Property-based fuzzing of the published OpenAPI schema with schemathesis: no request may get a 5xx.
+
+The schema comes from the app itself; every generated request goes over HTTP to a live server (uvicorn on
+a real socket, the service running in its own event loop on a background thread). The only 5xx allowed is
+the ProRL routes' documented 503 (the ProRL lifecycle starts stopped, and a fuzzer may call ``/stop``).
+``/v1/events`` is an endless stream and is covered by its own test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import schemathesis
+import uvicorn
+from hypothesis import HealthCheck, settings
+
+from raas.api.app import create_app
+from raas.pipeline.config import ServiceConfig
+from raas.pipeline.service import RolloutService
+from raas.tasks import registry
+from tests.doubles.handlers import StageScriptHandler
+from tests.pipeline.conftest import RecordingSandboxManager, assert_no_leftovers
+
+pytestmark = pytest.mark.integration
+
+PRORL_503 = {"/process", "/start", "/stop", "/cancel"}
+
+_spec_app = create_app(RolloutService(ServiceConfig(state_dir=Path("/nonexistent/raas-schema-only"))))
+schema = schemathesis.openapi.from_dict(_spec_app.openapi()).exclude(path="/v1/events")
+
+
+class ThreadedServer:
+    """A started service + uvicorn on a private loop in a background thread."""
+
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.loop = asyncio.new_event_loop()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.ready = threading.Event()
+        self.errors: list[BaseException] = []
+        self.manager: RecordingSandboxManager | None = None
+        self.server: uvicorn.Server | None = None
+        self.thread = threading.Thread(target=self._main, name="raas-schemathesis", daemon=True)
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._serve())
+        except BaseException as exc:
+            self.errors.append(exc)
+        finally:
+            self.ready.set()
+            self.loop.close()
+
+    async def _serve(self) -> None:
+        cfg = ServiceConfig(state_dir=self.state, shutdown_grace_s=0.0, max_request_bytes=1 << 20,
+                            default_timeout_s=2.0)
+        self.manager = RecordingSandboxManager(self.state / "sandboxes")
+        app = create_app(RolloutService(cfg, sandbox_manager=self.manager))
+        self.server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False,
+                                                    timeout_graceful_shutdown=5))
+        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
+        while not self.server.started and not task.done():  # noqa: ASYNC110 - uvicorn has no started event
+            await asyncio.sleep(0.01)
+        self.ready.set()
+        await task
+        await self.manager.close_all()
+
+    def __enter__(self) -> ThreadedServer:
+        self.thread.start()
+        self.ready.wait(60)
+        if self.errors:
+            raise self.errors[0]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.should_exit = True
+        self.thread.join(60)
+        self.sock.close()
+        assert not self.thread.is_alive() and not self.errors, self.errors
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedServer]:
+    registry.register(StageScriptHandler, replace=True)
+    with ThreadedServer(tmp_path_factory.mktemp("fuzz")) as server:
+        yield server
+    assert server.manager is not None
+    assert_no_leftovers(server.manager)
+
+
+@schema.parametrize()
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
+def test_no_server_errors(case: schemathesis.Case, live: ThreadedServer) -> None:
+    response = case.call(base_url=live.url, timeout=30)
+    allowed = response.status_code == 503 and case.operation.path in PRORL_503
+    assert response.status_code < 500 or allowed, (
+        f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:500]}"
+    )

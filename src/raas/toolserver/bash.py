@@ -435,7 +435,7 @@ class BashSession:
 
 def _write_small_file(path: str, text: str) -> None:
     """A few hundred bytes into the sandbox's /tmp: cheaper inline than a thread hop on the hot path."""
-    with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:
+    with open(path, "w", encoding="utf-8", errors="replace") as f:
         f.write(text)
 
 

@@ -24,6 +24,14 @@ def _err(message: str) -> ProtocolError:
     return ProtocolError(TOOL_ERROR, message)
 
 
+def _encodable(text: str) -> bool:
+    try:
+        os.fsencode(text)
+    except UnicodeError:
+        return False
+    return True
+
+
 def _numbered(text: str, start: int = 1) -> str:
     lines = text.split("\n")
     return "\n".join("%6d\t%s" % (i + start, line) for i, line in enumerate(lines))
@@ -44,6 +52,8 @@ class Editor:
                 BAD_REQUEST, "unknown editor command %r (known: %s)" % (command, ", ".join(COMMANDS))
             )
         path = args["path"]
+        if "\0" in path or not _encodable(path):
+            raise _err("The path must be valid Unicode text without NUL characters.")
         if not os.path.isabs(path):
             raise _err(
                 "The path %s is not an absolute path, it should start with `/`. Maybe you meant %s?"
@@ -89,8 +99,12 @@ class Editor:
 
     def _write(self, path: str, text: str) -> None:
         try:
-            with open(path, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _err("The new text is not valid Unicode (it contains lone surrogates).") from None
+        try:
+            with open(path, "wb") as f:
+                f.write(data)
         except OSError as exc:
             raise _err("Cannot write %s: %s" % (path, exc.strerror)) from None
 

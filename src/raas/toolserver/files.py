@@ -19,6 +19,12 @@ from .protocol import BAD_REQUEST, NOT_FOUND, PAYLOAD_TOO_LARGE, TOOL_ERROR, Pro
 
 
 def _abs(path: str) -> str:
+    try:
+        os.fsencode(path)
+    except UnicodeError:
+        raise ProtocolError(BAD_REQUEST, "path must be valid Unicode text") from None
+    if "\0" in path:
+        raise ProtocolError(BAD_REQUEST, "path must not contain NUL characters")
     if not path.startswith("/"):
         raise ProtocolError(BAD_REQUEST, "path must be absolute, got %r" % path)
     return os.path.normpath(path)
@@ -38,6 +44,19 @@ def _check_size(raw_len: int, max_frame: int) -> None:
             PAYLOAD_TOO_LARGE,
             "%d bytes do not fit in one frame (limit %d bytes after base64)" % (raw_len, max_frame),
         )
+
+
+class _LimitedBuffer(io.BytesIO):
+    """An in-memory tar target that refuses to grow past what one frame can carry."""
+
+    def __init__(self, max_frame: int) -> None:
+        super().__init__()
+        self.max_frame = max_frame
+
+    def write(self, data: Any) -> int:
+        n = super().write(data)
+        _check_size(self.tell(), self.max_frame)
+        return n
 
 
 def _safe_members(tar: tarfile.TarFile, dest: str) -> List[tarfile.TarInfo]:
@@ -96,13 +115,12 @@ def download(args: Dict[str, Any], max_frame: int) -> Dict[str, Any]:
     path = _abs(args["path"])
     if not os.path.lexists(path):
         raise ProtocolError(NOT_FOUND, "%s does not exist" % path)
-    buf = io.BytesIO()
+    buf = _LimitedBuffer(max_frame)
     try:
         with tarfile.open(fileobj=buf, mode="w") as tar:
             if os.path.isdir(path):
                 for name in sorted(os.listdir(path)):
                     tar.add(os.path.join(path, name), arcname=name, recursive=True)
-                    _check_size(buf.tell(), max_frame)
             else:
                 tar.add(path, arcname=os.path.basename(path))
     except OSError as exc:

@@ -161,6 +161,12 @@ class IPythonTool:
     # -- execution -------------------------------------------------------------------------------
 
     async def run(self, code: str, timeout_s: Optional[float], cap: int) -> Dict[str, Any]:
+        try:
+            code.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ProtocolError(
+                TOOL_ERROR, "the code is not valid Unicode (it contains lone surrogates)"
+            ) from None
         async with self._lock:
             await self._ensure()
             return await self._execute(code, timeout_s, cap)

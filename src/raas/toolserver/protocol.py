@@ -45,8 +45,15 @@ def truncation_marker(n: int) -> str:
 
 
 def encode_frame(obj: Dict[str, Any]) -> bytes:
-    """Serialize one message into a single frame (header + body) so it is written with one call."""
-    body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    """Serialize one message into a single frame (header + body) so it is written with one call.
+
+    Text with lone surrogates (possible in JSON input) cannot be UTF-8: it is sent \\u-escaped.
+    """
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    try:
+        body = text.encode("utf-8")
+    except UnicodeEncodeError:
+        body = json.dumps(obj, ensure_ascii=True, separators=(",", ":")).encode("ascii")
     return HEADER.pack(len(body)) + body
 
 

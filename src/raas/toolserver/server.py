@@ -68,6 +68,10 @@ _SPECS: Dict[Tuple[str, str], ArgSpec] = {
 }
 
 
+# Larger values (and NaN/Infinity, which Python's JSON parser accepts) are refused.
+_MAX_NUMBER = 2**53
+
+
 def validate_args(tool: str, op: str, args: Any) -> Dict[str, Any]:
     """Check a request's tool, op and argument names/types against the spec table."""
     spec = _SPECS.get((tool, op))
@@ -102,11 +106,16 @@ def _check_type(tool: str, op: str, name: str, tag: str, value: Any) -> None:
         ok = isinstance(value, str)
     elif tag in ("num", "int"):
         numeric = (int,) if tag == "int" else (int, float)
-        ok = isinstance(value, numeric) and not isinstance(value, bool) and value >= 0 and value == value
+        ok = isinstance(value, numeric) and not isinstance(value, bool) and 0 <= value <= _MAX_NUMBER
     elif tag == "list":
         ok = isinstance(value, list)
     if not ok:
-        want = {"str": "a string", "num": "a number >= 0", "int": "an integer >= 0", "list": "a list"}[tag]
+        want = {
+            "str": "a string",
+            "num": "a number in [0, 2**53]",
+            "int": "an integer in [0, 2**53]",
+            "list": "a list",
+        }[tag]
         raise ProtocolError(BAD_REQUEST, "%s.%s argument %r must be %s" % (tool, op, name, want))
 
 
@@ -206,7 +215,12 @@ class ToolServer:
         drain_lock = asyncio.Lock()
 
         async def send(msg: Dict[str, Any]) -> None:
-            frame = encode_frame(msg)
+            try:
+                frame = encode_frame(msg)
+            except (TypeError, ValueError) as exc:
+                frame = encode_frame(
+                    error_response(msg.get("id"), INTERNAL, "unencodable response: %s" % exc)
+                )
             if len(frame) - 4 > self.max_frame:
                 msg = error_response(
                     msg.get("id"),

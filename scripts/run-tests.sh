@@ -4,11 +4,21 @@
 # users are not root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/pytest -p no:cacheprovider "$@"
+unpriv=""
 if [ -n "${RAAS_UNPRIV_USER:-}" ] && [ "$(id -u)" = 0 ] && id "$RAAS_UNPRIV_USER" >/dev/null 2>&1; then
-  echo "== rootless sandbox tests as $RAAS_UNPRIV_USER"
-  home=$(getent passwd "$RAAS_UNPRIV_USER" | cut -d: -f6)
-  runuser -u "$RAAS_UNPRIV_USER" -- env HOME="$home" RAAS_HOME="$home/.cache/raas" \
-    RAAS_IMAGE_CACHE="${RAAS_IMAGE_CACHE:-$HOME/.cache/raas/images}" \
+  unpriv=$RAAS_UNPRIV_USER
+  # One image cache both users can read (root's home is private); root builds, the user reuses.
+  export RAAS_IMAGE_CACHE="${RAAS_IMAGE_CACHE:-/var/cache/raas/images}"
+  mkdir -p "$RAAS_IMAGE_CACHE"
+  chmod 755 "$RAAS_IMAGE_CACHE" "$(dirname "$RAAS_IMAGE_CACHE")"
+  # The venv's interpreter may live under root's home (pyenv): let the user traverse (not list) there.
+  d=$(dirname "$(readlink -f .venv/bin/python)")
+  while [ "$d" != / ]; do chmod o+x "$d" 2>/dev/null || true; d=$(dirname "$d"); done
+fi
+.venv/bin/pytest -p no:cacheprovider "$@"
+if [ -n "$unpriv" ]; then
+  echo "== rootless sandbox tests as $unpriv"
+  home=$(getent passwd "$unpriv" | cut -d: -f6)
+  runuser -u "$unpriv" -- env HOME="$home" RAAS_HOME="$home/.cache/raas" RAAS_IMAGE_CACHE="$RAAS_IMAGE_CACHE" \
     .venv/bin/pytest -p no:cacheprovider -m "not vllm" tests/sandbox -k "apptainer or bwrap"
 fi

@@ -222,4 +222,6 @@ def test_image_sources(tmp_path: Path) -> None:
     cmd = conversion_command("apptainer", "docker://debian:12", tmp_path / "d", as_root=False)
     assert cmd[:5] == ["apptainer", "-s", "build", "--sandbox", "--force"] and "--fakeroot" in cmd
     assert cmd[-2:] == [str(tmp_path / "d"), "docker://debian:12"]
-    assert "--fakeroot" not in conversion_command("apptainer", "x.sif", tmp_path / "d", as_root=True)
+    assert "--fakeroot" not in conversion_command("apptainer", "docker://x", tmp_path / "d", as_root=True)
+    assert "--fakeroot" in conversion_command("apptainer", "docker://x", tmp_path / "d", as_root=True,
+                                              root_has_subuid=True)

@@ -220,12 +220,50 @@ def source_key(image: str) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def conversion_command(exe: str, source: str, dest: Path, *, as_root: bool) -> list[str]:
-    """The ``apptainer build --sandbox`` command that unpacks ``source`` into ``dest``."""
+def conversion_command(exe: str, source: str, dest: Path, *, as_root: bool,
+                       root_has_subuid: bool = False) -> list[str]:
+    """The ``apptainer build --sandbox`` command that unpacks ``source`` into ``dest``.
+
+    Unprivileged: ``--fakeroot``. As root: ``--fakeroot`` only works with a root entry in
+    /etc/subuid; without one apptainer's own extraction asks for capabilities many VMs withhold, so
+    the conversion is attempted plainly and fails with a clear hint.
+    """
     cmd = [exe, "-s", "build", "--sandbox", "--force"]
-    if not as_root:
+    if not as_root or root_has_subuid:
         cmd.append("--fakeroot")
     return [*cmd, str(dest), source]
+
+
+def _has_subuid(user: str = "root") -> bool:
+    try:
+        return any(line.split(":")[0] == user for line in Path("/etc/subuid").read_text().splitlines())
+    except OSError:
+        return False
+
+
+def sif_squashfs_offset(listing: str) -> int:
+    """Byte offset of the root filesystem partition in ``apptainer sif list`` output."""
+    for line in listing.splitlines():
+        cols = [c.strip() for c in line.split("|")]
+        if len(cols) >= 5 and cols[4].startswith("FS") and "Squashfs" in cols[4]:
+            return int(cols[3].split("-")[0])
+    raise RaasError("no squashfs root filesystem partition in the SIF file", kind="bad_request")
+
+
+def unpack_sif(sif: Path, dest: Path) -> None:
+    """Unpack a SIF's squashfs partition with ``unsquashfs`` (no namespaces or capabilities needed)."""
+    exe = apptainer_binary()
+    listing = subprocess.run([exe, "sif", "list", str(sif)], capture_output=True, text=True, check=False)
+    if listing.returncode != 0:
+        raise RaasError(f"{sif} is not a readable SIF file: {listing.stderr.strip()[-500:]}", kind="bad_request")
+    offset = sif_squashfs_offset(listing.stdout)
+    if shutil.which("unsquashfs") is None:
+        raise RaasError("unsquashfs (squashfs-tools) is not installed", kind="sandbox_start_failed")
+    out = subprocess.run(["unsquashfs", "-no-xattrs", "-quiet", "-no-progress", "-f", "-d", str(dest),
+                          "-o", str(offset), str(sif)], capture_output=True, text=True, check=False)
+    # Exit 2 means non-fatal problems (device nodes an unprivileged user cannot create).
+    if out.returncode not in (0, 2) or not dest.is_dir():
+        raise RaasError(f"unpacking {sif} failed: {(out.stdout + out.stderr)[-2000:]}", kind="sandbox_start_failed")
 
 
 def ensure_sandbox_dir(image: str, *, cache: Path | None = None) -> Path:
@@ -238,21 +276,32 @@ def ensure_sandbox_dir(image: str, *, cache: Path | None = None) -> Path:
     cache = cache or image_cache_dir()
     key = source_key(image)
     final = cache / f"unpacked-{key}"
-    if (final / "usr").is_dir() or (final / "bin").exists():
+    if (final / ".raas").is_dir():
         return final
-    exe = apptainer_binary()
     with _build_lock(cache, key):
-        if (final / "usr").is_dir() or (final / "bin").exists():
+        if (final / ".raas").is_dir():
             return final
         tmp = Path(tempfile.mkdtemp(prefix=f".conv-{key}-", dir=cache))
         try:
             dest = tmp / "root"
-            _run(conversion_command(exe, image, dest, as_root=os.geteuid() == 0), f"converting {image}")
+            if image.endswith(".sif") and Path(image).is_file():
+                unpack_sif(Path(image), dest)
+            else:
+                as_root = os.geteuid() == 0
+                cmd = conversion_command(apptainer_binary(), image, dest, as_root=as_root,
+                                         root_has_subuid=as_root and _has_subuid())
+                try:
+                    _run(cmd, f"converting {image}")
+                except RaasError as e:
+                    if as_root and "--fakeroot" not in cmd:
+                        e.message += " (as root, add a root entry to /etc/subuid and /etc/subgid)"
+                    raise
             _ensure_mount_points(dest)
             (cache / f"unpacked-{key}.json").write_text(json.dumps({"source": image, "built_at": time.time()}))
             os.rename(dest, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        os.chmod(cache, 0o755)
     return final
 
 

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from raas.errors import RaasError
 from raas.sandbox.client import ToolClient
 from raas.toolserver.protocol import truncation_marker
 
-from .conftest import RunningServer
+from .conftest import RunningServer, start_server
 
 pytestmark = pytest.mark.integration
 
@@ -179,3 +183,66 @@ async def test_sandbox_id_exported(
     r = await client.bash("echo $RAAS_SANDBOX_ID; echo ${PYTHONPATH:-none}", session=session_name)
     assert r.output.split("\n")[0] == shared_server.sandbox_id
     assert r.output.split("\n")[1] == "none"
+
+
+async def wait_until_empty(probe: Callable[[], list[int]], limit_s: float = 10.0) -> list[int]:
+    """Killed processes take a moment to disappear from /proc; return what is still there at the limit."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limit_s
+    while (left := probe()) and loop.time() < end:  # noqa: ASYNC110 - /proc has no event
+        await asyncio.sleep(0.05)
+    return left
+
+
+def sleepers(tag: str) -> list[int]:
+    """Pids of live ``sleep <tag>`` processes."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if argv[:2] == [b"sleep", tag.encode()]:
+                found.append(int(name))
+    return found
+
+
+async def test_exit_with_background_job_kills_it(client: ToolClient, session_name: str) -> None:
+    tag = str(4000 + int(session_name[-4:], 16) % 1000) + ".5"
+    r = await client.bash(f"sleep {tag} & exit 5", session=session_name, timeout=30)
+    assert r.restarted and r.exit_code == 5
+    assert await wait_until_empty(lambda: sleepers(tag)) == []
+
+
+async def test_close_kills_the_sessions_processes(client: ToolClient, session_name: str) -> None:
+    tag = str(5000 + int(session_name[-4:], 16) % 1000) + ".5"
+    await client.bash(f"sleep {tag} &", session=session_name)
+    running = asyncio.create_task(client.bash(f"sleep {tag}", session=session_name))
+    await client.ping()
+    assert sleepers(tag)
+    assert await client.bash_close(session_name)
+    with pytest.raises(RaasError) as exc:
+        await running
+    assert exc.value.kind == "tool_error" and "closed" in exc.value.message
+    assert await wait_until_empty(lambda: sleepers(tag)) == []
+    assert session_name not in {s.session for s in await client.bash_list()}
+
+
+async def test_session_limit(bundle_dir: Path) -> None:
+    srv = await start_server(bundle_dir, extra_args=("--max-sessions", "2"))
+    try:
+        async with ToolClient(srv.socket) as c:
+            await c.bash("true", session="one")
+            await c.bash("true", session="two")
+            with pytest.raises(RaasError) as exc:
+                await c.bash("true", session="three")
+            assert exc.value.kind == "tool_error" and "limit 2" in exc.value.message
+            await c.bash_close("one")
+            assert (await c.bash("echo ok", session="three")).output == "ok\n"
+            info = {s.session: s for s in await c.bash_list()}
+            assert set(info) == {"two", "three"} and info["two"].alive and not info["two"].busy
+    finally:
+        assert await srv.stop() == 0
+        srv.cleanup()

@@ -358,7 +358,8 @@ class BashSession:
                 if self.returncode is None and self._exited is not None:
                     # EOF on the pty can come just before the exit status.
                     await asyncio.wait({self._exited}, timeout=INTERRUPT_GRACE_S)
-                exit_code = self.returncode
+                # The shell's own exit status (``exit 3``); none when a signal killed it.
+                exit_code = self.returncode if self.returncode is not None and self.returncode >= 0 else None
                 restarted = True
             elif exc is not None:
                 raise exc
@@ -371,8 +372,11 @@ class BashSession:
         self._buffer = OutputBuffer(cap)
         if restarted:
             self.close()
-            if not self.retired:
-                await restart()
+            if self.retired:
+                raise ProtocolError(
+                    TOOL_ERROR, "bash session %r was closed while the command ran" % self.name
+                )
+            await restart()
         return {
             "output": output,
             "exit_code": exit_code,

@@ -7,7 +7,6 @@ our own pid finds all of them.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import time
@@ -19,9 +18,11 @@ PR_SET_CHILD_SUBREAPER = 36
 
 def _prctl(option: int, value: int) -> bool:
     try:
+        import ctypes  # absent from some minimal images: then we simply go without
+
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(option, value, 0, 0, 0) == 0
-    except (OSError, AttributeError):
+    except (ImportError, OSError, AttributeError):
         return False
 
 

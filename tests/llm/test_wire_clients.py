@@ -8,10 +8,10 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.responses import JSONResponse, Response
-from tests.llm.wire_doubles import SGLangDouble, VLLMDouble
 
 from raas.llm import ContextWindowExceeded, LLMError, LLMUnavailable, SamplingParams
 from raas.llm.servers import LlamaCppClient, SGLangClient, VLLMClient, detect_kind, make_client
+from tests.llm.wire_doubles import SGLangDouble, VLLMDouble
 
 pytestmark = pytest.mark.integration
 

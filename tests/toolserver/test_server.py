@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import glob
 import io
 import json
 import os
+import shutil
 import signal
 import struct
+import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -322,3 +325,40 @@ async def test_no_input_crashes_the_server(fresh_server: RunningServer) -> None:
         assert (await conn.call({"v": 1, "id": 0, "tool": "server", "op": "ping"}))["ok"]
     finally:
         await conn.close()
+
+
+def _old_python() -> str | None:
+    """A Python 3.8 on this machine, if any (pyenv or the distribution)."""
+    found = shutil.which("python3.8")
+    candidates = [found] if found else []
+    candidates += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8")))
+    for c in candidates:
+        if c and subprocess.run([c, "-c", "import ctypes, termios"], capture_output=True).returncode == 0:
+            return c
+    return None
+
+
+OLD_PYTHON = _old_python()
+
+
+@pytest.mark.skipif(OLD_PYTHON is None, reason="no Python 3.8 interpreter on this machine")
+async def test_runs_on_python38(bundle_dir: Path) -> None:
+    """Images may ship an old python3: the whole server runs on 3.8."""
+    assert OLD_PYTHON is not None
+    srv = await start_server(bundle_dir, python=OLD_PYTHON)
+    try:
+        async with ToolClient(srv.socket) as c:
+            info = await c.ping()
+            assert info.python.startswith("3.8.")
+            r = await c.bash("echo hi; sleep 30", timeout=1)
+            assert r.timed_out and r.output.startswith("hi")
+            assert (await c.bash("exit 4")).exit_code == 4
+            path = f"{srv.workdir}/a.txt"
+            await c.editor("create", path, file_text="x\ny")
+            await c.editor("str_replace", path, old_str="y", new_str="z")
+            await c.upload_bytes(await c.download(str(srv.workdir)), f"{srv.workdir}/copy")
+            assert (await c.bash("cat copy/a.txt")).output == "x\nz"
+    finally:
+        assert await srv.stop() == 0
+        assert await wait_gone(srv.sandbox_id) == []
+        srv.cleanup()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import asyncio
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,22 @@ def test_bundle_is_cached_by_content(tmp_path: Path) -> None:
         p.name for p in PACKAGE_DIR.glob("*.py")
     )
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no staging dirs left
+
+
+def test_in_sandbox_code_needs_at_most_python38() -> None:
+    """vermin finds the minimum Python each module needs (stdlib APIs included, not just syntax)."""
+    vermin = Path(sys.executable).with_name("vermin")
+    proc = subprocess.run(
+        [
+            str(vermin),
+            "-t=3.8-",
+            "--no-tips",
+            "--eval-annotations",
+            "--violations",
+            *map(str, IN_SANDBOX_MODULES),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr

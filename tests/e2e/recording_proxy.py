@@ -1,0 +1,101 @@
+"""A transparent HTTP proxy that records every JSON exchange with an inference server.
+
+Why: to prove token exactness against a *real* model server, a test needs the server's own answers, byte
+for byte, independently of what raas recorded. raas talks to this proxy as if it were the server; the
+proxy forwards each request unchanged, returns the response unchanged, and keeps both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+
+@dataclass
+class Exchange:
+    method: str
+    path: str
+    request: Any
+    status: int
+    response: Any
+
+
+class _Server(uvicorn.Server):
+    """Leaves SIGINT/SIGTERM to the test runner."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class RecordingProxy:
+    """``async with RecordingProxy(upstream_url) as p: p.url; p.exchanges``."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.exchanges: list[Exchange] = []
+        self.port = 0
+        self._http: httpx.AsyncClient | None = None
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._sock: socket.socket | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _forward(self, request: Request) -> Response:
+        assert self._http is not None
+        body = await request.body()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        upstream = await self._http.request(request.method, self.upstream + request.url.path,
+                                            params=request.query_params, content=body, headers=headers)
+        self.exchanges.append(Exchange(request.method, request.url.path, _json(body), upstream.status_code,
+                                       _json(upstream.content)))
+        drop = ("content-length", "transfer-encoding", "connection", "content-encoding")
+        return Response(upstream.content, status_code=upstream.status_code,
+                        headers={k: v for k, v in upstream.headers.items() if k.lower() not in drop})
+
+    async def __aenter__(self) -> RecordingProxy:
+        self._http = httpx.AsyncClient(timeout=600)
+        app = Starlette(routes=[Route("/{path:path}", self._forward, methods=["GET", "POST", "DELETE", "PUT"])])
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self._server = _Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+            await asyncio.sleep(0.01)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(Exception):
+                await self._task
+        if self._sock is not None:
+            self._sock.close()
+        if self._http is not None:
+            await self._http.aclose()
+
+
+def _json(raw: bytes) -> Any:
+    import json
+
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None

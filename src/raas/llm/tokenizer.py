@@ -111,6 +111,7 @@ class ChatTokenizer:
         self.supports_tools = "tools" in chat_template
         self.eos_token_ids = list(eos_token_ids)
         self._closing_cache: dict[str, str] = {}
+        self._closing_ids: dict[str, list[int]] = {}
 
     # -- loading -----------------------------------------------------------------------------------
     @classmethod
@@ -215,6 +216,15 @@ class ChatTokenizer:
             self._closing_cache[key] = closing
         return closing
 
+    def closing_ids(self, role: str, **template_kwargs: Any) -> list[int]:
+        """Token IDs of :meth:`closing_text` (cached when no template arguments are given)."""
+        if template_kwargs:
+            return self.encode(self.closing_text(role, **template_kwargs))
+        cached = self._closing_ids.get(role)
+        if cached is None:
+            cached = self._closing_ids[role] = self.encode(self.closing_text(role))
+        return list(cached)
+
     def stop_token_ids(self) -> list[int]:
         """IDs a server should stop on: the EOS tokens and the first token of the assistant closing."""
         ids = list(self.eos_token_ids)
@@ -280,6 +290,7 @@ class Conversation:
     segments: list[Segment] = field(default_factory=list)
     turns: list[TurnRecord] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    _without: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         first = self.tokenizer.apply_chat_template(self.messages, tools=self.tools,
@@ -317,7 +328,7 @@ class Conversation:
         if logprobs is not None and len(logprobs) != len(output):
             raise RaasError(f"{len(logprobs)} logprobs for {len(output)} sampled IDs", kind="llm_error")
         tok = self.tokenizer
-        closing_ids = tok.encode(tok.closing_text("assistant", **self.template_kwargs))
+        closing_ids = tok.closing_ids("assistant", **self.template_kwargs)
         overlap = 0
         for k in range(min(len(closing_ids), len(output)), 0, -1):
             if output[-k:] == closing_ids[:k]:
@@ -356,9 +367,13 @@ class Conversation:
     def _delta_text(self, new: list[Message], add_generation_prompt: bool) -> str:
         tok = self.tokenizer
         last = self.messages[-1] if self.messages else {"role": "user"}
-        base = [*_DUMMY_PREFIX, _dummy_of(last)]
+        dummy = _dummy_of(last)
+        base = [*_DUMMY_PREFIX, dummy]
         kwargs = self.template_kwargs
-        without = tok.render(base, tools=self.tools, add_generation_prompt=False, **kwargs)
+        key = json.dumps(dummy, sort_keys=True)
+        without = self._without.get(key)
+        if without is None:
+            without = self._without[key] = tok.render(base, tools=self.tools, add_generation_prompt=False, **kwargs)
         with_new = tok.render([*base, *new], tools=self.tools, add_generation_prompt=add_generation_prompt,
                               **kwargs)
         a, b = without.find(_MARK), with_new.find(_MARK)

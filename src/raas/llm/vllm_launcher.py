@@ -172,6 +172,8 @@ class VLLMServer:
             "--dtype", self.dtype,
             "--max-model-len", str(self.max_model_len),
             "--enforce-eager",
+            # Report prefix-cache hits (usage.prompt_tokens_details.cached_tokens), as llama.cpp does.
+            "--enable-prompt-tokens-details",
             "--host", self.host,
             "--port", str(self.port),
         ]  # fmt: skip

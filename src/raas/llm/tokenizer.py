@@ -156,7 +156,8 @@ class ChatTokenizer:
             for value in extra if isinstance(extra, list) else [extra]:
                 if isinstance(value, int) and value not in eos_ids:
                     eos_ids.append(value)
-        return cls(tok, str(template), special_tokens=special, eos_token_ids=eos_ids, name=root.name)
+        name = root.parent.name if root.name == "tokenizer" else root.name
+        return cls(tok, str(template), special_tokens=special, eos_token_ids=eos_ids, name=name)
 
     # -- text <-> ids ------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

@@ -34,7 +34,7 @@ class Served:
     """One uvicorn server on 127.0.0.1:<free port> in the running loop; the app's lifespan runs the service."""
 
     def __init__(self, app: Any) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False,

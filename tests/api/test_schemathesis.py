@@ -40,7 +40,7 @@ class ThreadedServer:
     def __init__(self, state: Path) -> None:
         self.state = state
         self.loop = asyncio.new_event_loop()
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.ready = threading.Event()

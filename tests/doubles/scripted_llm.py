@@ -280,7 +280,9 @@ class ScriptedLLM:
 
     async def start(self) -> None:
         """Bind (port 0 picks a free port) and serve in the running event loop."""
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and an
+        # accepted socket inherits it; with proto 0 every response waits ~40 ms for a delayed ACK.
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((self.host, self.port))
         self.port = self._sock.getsockname()[1]

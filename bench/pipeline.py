@@ -1,0 +1,348 @@
+"""Pipeline benchmarks; prints one JSON document and writes it to bench/results/pipeline.json.
+
+1. ``overhead``: a trivial task (one generate call against an instant scripted policy, one ``echo`` in the
+   sandbox) through the real service with ``local`` and ``bwrap`` sandboxes (and with no sandbox, to show
+   the service's own cost): rollouts/s with everything submitted at once, and the latency the service adds
+   to one rollout (its total time minus the time spent inside the three stages), rollouts run one by one.
+2. ``decoupling``: a scripted vLLM-protocol server with a fixed capacity (``capacity`` concurrent
+   sequences at ``tokens_per_s`` each) and INIT/EVAL latencies drawn from log-normal distributions.
+   raas's three pools versus a coupled baseline (one pool of workers each doing init → run → eval) with
+   the same total number of workers. Reported: LLM slot utilization over the steady-state window (between
+   10% and 90% of jobs finished) and rollouts/s.
+3. ``rss``: resident memory every 1,000 rollouts over 10,000 trivial rollouts (no sandbox, no LLM).
+
+Usage: ``python bench/pipeline.py [--quick] [--only overhead,decoupling,rss] [--out FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tests.doubles (the scripted policy server) lives in the repository
+
+from tests.doubles.scripted_llm import ScriptedLLM, fixed  # noqa: E402
+
+from raas.agent.trajectory import EvalOutput, RunOutput, TokenTrajectory  # noqa: E402
+from raas.llm import LLMBalancer, SamplingParams  # noqa: E402
+from raas.pipeline.config import ServiceConfig  # noqa: E402
+from raas.pipeline.jobs import JobRequest  # noqa: E402
+from raas.pipeline.service import RolloutService  # noqa: E402
+from raas.sandbox import SandboxConfig, SandboxManager  # noqa: E402
+from raas.sandbox.images import image_cache_dir  # noqa: E402
+from raas.tasks import registry  # noqa: E402
+from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler  # noqa: E402
+
+
+class BenchHandler(TaskHandler):
+    """The benchmark task: instance fields ``sandbox``, ``init_s``, ``turns``, ``tokens``, ``bash``, ``eval_s``."""
+
+    name: ClassVar[str] = "bench.task"
+
+    async def init(self, job: Job, sandboxes: JobSandboxes) -> Env:
+        env = Env(job=job, sandboxes=sandboxes)
+        if job.instance.get("sandbox"):
+            env.sandbox = await sandboxes.open()
+        if job.instance.get("init_s"):
+            await asyncio.sleep(float(job.instance["init_s"]))
+        return env
+
+    async def run(self, job: Job, env: Env, llm: LLMContext) -> RunOutput:
+        prompt = [1, 2, 3, 4]
+        response: list[int] = []
+        sampling = SamplingParams(max_tokens=int(job.instance.get("tokens", 8)))
+        for _ in range(int(job.instance.get("turns", 1))):
+            res = await llm.balancer.generate(prompt, sampling, trajectory_id=job.trajectory_id)
+            response += res.output_ids
+            prompt = prompt + res.output_ids + [5]
+        if env.sandbox is not None and job.instance.get("bash", True):
+            await env.sandbox.tools.bash("echo ok")
+        llm.balancer.release(job.trajectory_id)
+        return RunOutput(token_trajectory=TokenTrajectory(prompt_ids=[1, 2, 3, 4], response_ids=response,
+                                                          loss_mask=[1] * len(response),
+                                                          logprobs=[0.0] * len(response)),
+                         finish_reason="finish_tool")
+
+    async def eval(self, job: Job, env: Env) -> EvalOutput:
+        if job.instance.get("eval_s"):
+            await asyncio.sleep(float(job.instance["eval_s"]))
+        return EvalOutput(reward=1.0, resolved=True)
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def default_bwrap_image() -> str | None:
+    candidates = sorted(p for p in image_cache_dir().glob("rootfs-*") if p.is_dir())
+    return str(candidates[0]) if candidates else None
+
+
+async def make_service(state: Path, balancer: Any, sandbox: dict[str, Any], **cfg: Any) -> RolloutService:
+    config = ServiceConfig(state_dir=state, sandbox=sandbox, shutdown_grace_s=0.0, max_pending=100_000,
+                           result_ttl_s=None, max_results=None, **cfg)
+    service = RolloutService(config, balancer=balancer)
+    await service.start()
+    return service
+
+
+async def run_all(service: RolloutService, instances: list[dict[str, Any]]) -> list[Any]:
+    accepted = await service.submit_many([JobRequest(instance=i) for i in instances])
+    return [await service.wait(a.job_id, None) for a in accepted]
+
+
+# -- 1. overhead -------------------------------------------------------------------------------------------
+
+
+async def overhead(root: Path, n: dict[str, int], bwrap_image: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    async with ScriptedLLM(fixed(8)) as llm:
+        balancer = LLMBalancer(health_interval_s=0)
+        balancer.add(llm.url)
+        variants: list[tuple[str, dict[str, Any] | None]] = [("none", None), ("local", {"backend": "local"})]
+        if bwrap_image:
+            variants.append(("bwrap", {"backend": "bwrap", "image": bwrap_image}))
+        else:
+            out["bwrap"] = {"skipped": "no rootfs image (build one with `raas image build`)"}
+        for name, sandbox in variants:
+            state = root / f"overhead-{name}"
+            service = await make_service(state, balancer, sandbox or {"backend": "local"},
+                                         init_workers=4, run_workers=8, eval_workers=4)
+            try:
+                instance = {"data_source": BenchHandler.name, "sandbox": sandbox is not None, "turns": 1,
+                            "tokens": 8}
+                await run_all(service, [instance] * 5)  # warm-up (bundle build, connections)
+                count = n[name]
+                t0 = time.perf_counter()
+                results = await run_all(service, [instance] * count)
+                wall = time.perf_counter() - t0
+                ok = sum(1 for r in results if r is not None and r.status == "completed")
+                added, totals, inits = [], [], []
+                for _ in range(max(10, count // 10)):  # one at a time: the latency the service adds
+                    (r,) = await run_all(service, [instance])
+                    t = r.timing
+                    added.append(t.total_s - t.init_s - t.run_s - t.eval_s)
+                    totals.append(t.total_s)
+                    inits.append(t.init_s)
+                out[name] = {
+                    "rollouts": count, "completed": ok, "wall_s": round(wall, 3),
+                    "rollouts_per_s": round(ok / wall, 1),
+                    "added_latency_ms_p50": round(statistics.median(added) * 1e3, 3),
+                    "added_latency_ms_p99": round(pct(added, 0.99) * 1e3, 3),
+                    "single_rollout_ms_p50": round(statistics.median(totals) * 1e3, 2),
+                    "init_ms_p50": round(statistics.median(inits) * 1e3, 2),
+                }
+            finally:
+                await service.shutdown(0)
+                await service.sandbox_manager.close_all()
+        await balancer.aclose()
+    return out
+
+
+# -- 2. decoupling -----------------------------------------------------------------------------------------
+
+
+def lognormal(rng: random.Random, median: float, sigma: float) -> float:
+    return median * math.exp(rng.gauss(0.0, sigma))
+
+
+def decoupling_jobs(n: int, p: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [{"data_source": BenchHandler.name, "sandbox": False, "turns": p["turns"], "tokens": p["tokens"],
+             "init_s": lognormal(rng, p["init_median_s"], p["sigma"]),
+             "eval_s": lognormal(rng, p["eval_median_s"], p["sigma"])} for _ in range(n)]
+
+
+class Window:
+    """Resets the LLM statistics when ``lo`` of the jobs are done and reads them when ``hi`` are done."""
+
+    def __init__(self, llm: ScriptedLLM, total: int, lo: float = 0.1, hi: float = 0.9) -> None:
+        self.llm, self.lo, self.hi = llm, max(1, int(total * lo)), max(2, int(total * hi))
+        self.done = 0
+        self.stats: dict[str, float] | None = None
+        self.t_lo = self.t_hi = 0.0
+
+    def finished(self) -> None:
+        self.done += 1
+        if self.done == self.lo:
+            self.llm.reset_stats()
+            self.t_lo = time.perf_counter()
+        elif self.done == self.hi:
+            self.stats = self.llm.stats()
+            self.t_hi = time.perf_counter()
+
+    def report(self) -> dict[str, float]:
+        assert self.stats is not None
+        span = self.t_hi - self.t_lo
+        return {"llm_utilization": round(self.stats["utilization"], 4),
+                "rollouts_per_s": round((self.hi - self.lo) / span, 2), "window_s": round(span, 2)}
+
+
+async def decoupled_run(root: Path, jobs: list[dict[str, Any]], p: dict[str, Any]) -> dict[str, Any]:
+    async with ScriptedLLM(fixed(p["tokens"]), capacity=p["capacity"], tokens_per_s=p["tokens_per_s"]) as llm:
+        balancer = LLMBalancer(health_interval_s=0)
+        balancer.add(llm.url)
+        service = await make_service(root / "decoupled", balancer, {"backend": "local"},
+                                     init_workers=p["raas_workers"]["init"], run_workers=p["raas_workers"]["run"],
+                                     eval_workers=p["raas_workers"]["eval"])
+        window = Window(llm, len(jobs))
+        try:
+            async with service.events() as sub:
+                t0 = time.perf_counter()
+                await service.submit_many([JobRequest(instance=j) for j in jobs])
+                async for ev in sub:
+                    if ev.status in ("completed", "failed", "timeout", "cancelled"):
+                        window.finished()
+                        if window.done == len(jobs):
+                            break
+                wall = time.perf_counter() - t0
+        finally:
+            await service.shutdown(0)
+            await balancer.aclose()
+        return {**window.report(), "total_wall_s": round(wall, 2), "max_active_sequences": llm.stats()["max_active"]}
+
+
+async def coupled_run(root: Path, jobs: list[dict[str, Any]], p: dict[str, Any]) -> dict[str, Any]:
+    """The baseline: W workers, each doing init → run → eval for one job at a time (no separate pools)."""
+    async with ScriptedLLM(fixed(p["tokens"]), capacity=p["capacity"], tokens_per_s=p["tokens_per_s"]) as llm:
+        balancer = LLMBalancer(health_interval_s=0)
+        balancer.add(llm.url)
+        manager = SandboxManager(root / "coupled" / "sandboxes")
+        handler = BenchHandler()
+        from raas.agent.config import AgentConfig
+
+        ctx = LLMContext(balancer=balancer, tokenizer=None, agent=AgentConfig())  # type: ignore[arg-type]
+        queue: asyncio.Queue[tuple[int, dict[str, Any]]] = asyncio.Queue()
+        for i, j in enumerate(jobs):
+            queue.put_nowait((i, j))
+        window = Window(llm, len(jobs))
+
+        async def worker() -> None:
+            while True:
+                try:
+                    i, instance = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                job = Job(job_id=f"c{i}", instance=instance, trajectory_id=f"c{i}")
+                sandboxes = JobSandboxes(manager, SandboxConfig(backend="local"), job.job_id)
+                env = await handler.init(job, sandboxes)
+                env.run_output = await handler.run(job, env, ctx)
+                await sandboxes.close_all()
+                await handler.eval(job, env)
+                await sandboxes.close_all()
+                window.finished()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(p["total_workers"])))
+        wall = time.perf_counter() - t0
+        await balancer.aclose()
+        await manager.close_all()
+        return {**window.report(), "total_wall_s": round(wall, 2), "max_active_sequences": llm.stats()["max_active"]}
+
+
+async def decoupling(root: Path, n_jobs: int) -> dict[str, Any]:
+    p: dict[str, Any] = {"capacity": 8, "tokens_per_s": 100.0, "turns": 3, "tokens": 20,
+                         "init_median_s": 0.2, "eval_median_s": 0.5, "sigma": 0.8, "total_workers": 22,
+                         "raas_workers": {"init": 4, "run": 9, "eval": 9}}
+    assert sum(p["raas_workers"].values()) == p["total_workers"]
+    jobs = decoupling_jobs(n_jobs, p, seed=7)
+    raas = await decoupled_run(root, jobs, p)
+    coupled = await coupled_run(root, jobs, p)
+    return {"params": {**p, "jobs": n_jobs,
+                       "llm_s_per_job": p["turns"] * p["tokens"] / p["tokens_per_s"]},
+            "raas": raas, "coupled": coupled}
+
+
+# -- 3. rss ------------------------------------------------------------------------------------------------
+
+
+async def rss(root: Path, total: int) -> dict[str, Any]:
+    service = await make_service(root / "rss", None, {"backend": "local"}, init_workers=4, run_workers=8,
+                                 eval_workers=4)
+    instance = {"data_source": BenchHandler.name, "sandbox": False, "turns": 0}
+    series: list[tuple[int, float]] = [(0, round(rss_mb(), 1))]
+    done = 0
+    t0 = time.perf_counter()
+    try:
+        while done < total:
+            batch = min(500, total - done)
+            await run_all(service, [instance] * batch)
+            done += batch
+            if done % 1000 == 0 or done == total:
+                series.append((done, round(rss_mb(), 1)))
+    finally:
+        await service.shutdown(0)
+    wall = time.perf_counter() - t0
+    warm = next((mb for n, mb in series if n >= total // 5), series[0][1])
+    return {"rollouts": total, "rollouts_per_s": round(total / wall, 1), "rss_mb_series": series,
+            "rss_mb_after_warmup": warm, "rss_mb_end": series[-1][1],
+            "growth_after_warmup_mb": round(series[-1][1] - warm, 1)}
+
+
+# -- main --------------------------------------------------------------------------------------------------
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    registry.register(BenchHandler, replace=True)
+    only = set(args.only.split(",")) if args.only else {"overhead", "decoupling", "rss"}
+    result: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                                          "platform": platform.platform()},
+                              "quick": args.quick}
+    with tempfile.TemporaryDirectory(prefix="raas-bench-") as tmp:
+        root = Path(tmp)
+        if "overhead" in only:
+            sizes = {"none": 100, "local": 40, "bwrap": 20} if args.quick else {"none": 2000, "local": 300,
+                                                                                   "bwrap": 200}
+            result["overhead"] = await overhead(root, sizes, args.bwrap_image)
+        if "decoupling" in only:
+            d = await decoupling(root, args.jobs or (60 if args.quick else 400))
+            result["decoupling"] = d
+            result["llm_utilization"] = d["raas"]["llm_utilization"]
+            result["coupled_llm_utilization"] = d["coupled"]["llm_utilization"]
+            result["rollouts_per_s"] = d["raas"]["rollouts_per_s"]
+            result["coupled_rollouts_per_s"] = d["coupled"]["rollouts_per_s"]
+        if "rss" in only:
+            result["rss"] = await rss(root, 1000 if args.quick else 10_000)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--only", help="comma-separated subset: overhead,decoupling,rss")
+    parser.add_argument("--jobs", type=int, help="jobs in the decoupling benchmark")
+    parser.add_argument("--bwrap-image", default=default_bwrap_image(), help="rootfs dir for the bwrap runs")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "pipeline.json")
+    args = parser.parse_args()
+    result = asyncio.run(main_async(args))
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -13,13 +13,14 @@ import asyncio
 import errno
 import os
 import secrets
+import shutil
 import signal
 import termios
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .output import OutputBuffer
 from .procs import Reaper, kill_tree
-from .protocol import TOOL_ERROR, ProtocolError
+from .protocol import TOOL_ERROR, TOOL_UNAVAILABLE, ProtocolError
 
 SENTINEL_START = b"\x1e"
 SENTINEL_END = b"\x1e"
@@ -166,28 +167,36 @@ class BashSession:
         """Spawn bash and wait for its first prompt."""
         import ptyprocess  # stdlib-only environments still import the rest of the server
 
+        bash = find_bash()
+        if bash is None:
+            raise ProtocolError(TOOL_UNAVAILABLE, "bash is unavailable: the sandbox has no bash")
         self._index = index
         loop = asyncio.get_running_loop()
         token = secrets.token_hex(8)
         self._scanner = SentinelScanner(token.encode("ascii"))
         self._script = os.path.join(self._tmpdir, "cmd-%d.sh" % index)
         self._rcfile = os.path.join(self._tmpdir, "rc-%d.sh" % index)
-        _write_small_file(self._rcfile, _RC_TEMPLATE.replace("@TOKEN@", token))
-        self._script_fd = os.open(self._script, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._seq = 0
         self._waiting_seq = 0
         self._done = loop.create_future()
         self._buffer = OutputBuffer(4096)
         env = dict(self._env)
         env.setdefault("PS1", "")
-        self.proc = ptyprocess.PtyProcess.spawn(
-            ["/bin/bash", "--noprofile", "--rcfile", self._rcfile, "--noediting", "-i"],
-            cwd=self.workdir,
-            env=env,
-            echo=False,
-            preexec_fn=_child_setup,
-            dimensions=self._dims,
-        )
+        try:
+            _write_small_file(self._rcfile, _RC_TEMPLATE.replace("@TOKEN@", token))
+            self._script_fd = os.open(self._script, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self.proc = ptyprocess.PtyProcess.spawn(
+                [bash, "--noprofile", "--rcfile", self._rcfile, "--noediting", "-i"],
+                cwd=self.workdir,
+                env=env,
+                echo=False,
+                preexec_fn=_child_setup,
+                dimensions=self._dims,
+            )
+        except (OSError, ValueError) as exc:
+            self._done = None
+            self.close()
+            raise ProtocolError(TOOL_ERROR, "cannot start bash: %s" % exc) from None
         self.pid = self.proc.pid
         self.fd = self.proc.fd
         self.alive = True
@@ -221,7 +230,10 @@ class BashSession:
             except RuntimeError:
                 pass
         if self.pid > 0:
-            kill_tree(self.pid)
+            # Once reaped, the pid may belong to someone else; its session id cannot be reused
+            # while the session's members live, so those are still safe to kill.
+            kill_tree(self.pid, include_root=self.returncode is None)
+            self.pid = -1
         if self.proc is not None:
             try:
                 self.proc.fileobj.close()
@@ -452,6 +464,12 @@ class BashSession:
     async def _settle(self, done: asyncio.Future) -> bool:
         await asyncio.wait({done}, timeout=INTERRUPT_GRACE_S)
         return done.done()
+
+
+def find_bash() -> Optional[str]:
+    if os.access("/bin/bash", os.X_OK):
+        return "/bin/bash"
+    return shutil.which("bash")
 
 
 def _write_small_file(path: str, text: str) -> None:

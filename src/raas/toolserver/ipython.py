@@ -110,11 +110,15 @@ class IPythonTool:
         if not os.path.exists("/proc/%d" % pid):
             on_exit(-1)
 
+    def _reaped(self) -> bool:
+        """Whether the kernel's exit was collected (its pid may then belong to someone else)."""
+        return self._dead is not None and self._dead.done()
+
     async def _restart(self) -> None:
         assert self._km is not None
         if self._pid > 0:
             self.reaper.unwatch(self._pid)
-            kill_tree(self._pid)
+            kill_tree(self._pid, include_root=not self._reaped())
         try:
             await self._km.restart_kernel(now=True)
         except Exception as exc:
@@ -151,7 +155,7 @@ class IPythonTool:
                     os.killpg(self._pid, signal.SIGKILL)
                 except OSError:
                     pass
-                kill_tree(self._pid)
+                kill_tree(self._pid, include_root=not self._reaped())
             try:
                 await asyncio.wait_for(km.shutdown_kernel(now=True), timeout=5.0)
             except Exception:

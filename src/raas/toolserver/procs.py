@@ -96,10 +96,12 @@ def kill_all(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
                 pass
 
 
-def kill_tree(root: int) -> None:
-    """SIGKILL ``root``'s terminal session, its descendants, and the root itself."""
+def kill_tree(root: int, include_root: bool = True) -> None:
+    """SIGKILL the session led by ``root`` and, while ``root`` is ours (not yet reaped), it and its descendants."""
     table = process_table()
-    targets = session_members(root, table) | descendants(root, table) | {root}
+    targets = session_members(root, table)
+    if include_root:
+        targets |= descendants(root, table) | {root}
     kill_all(targets)
 
 

@@ -18,7 +18,7 @@ import tempfile
 from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
 
 from . import procs
-from .bash import BashTool
+from .bash import BashTool, find_bash
 from .protocol import (
     BAD_REQUEST,
     DEFAULT_MAX_FRAME,
@@ -336,7 +336,12 @@ class ToolServer:
             "pid": os.getpid(),
             "python": "%d.%d.%d" % sys.version_info[:3],
             "sandbox_id": os.environ.get(SANDBOX_ID_ENV),
-            "tools": {"bash": True, "ipython": ipython_available(), "editor": True, "files": True},
+            "tools": {
+                "bash": find_bash() is not None,
+                "ipython": ipython_available(),
+                "editor": True,
+                "files": True,
+            },
         }
 
 

@@ -212,12 +212,20 @@ class SandboxManager:
     async def close_all(self) -> None:
         doomed = list(self._live.values())
         await asyncio.shield(asyncio.gather(*(s.close() for s in doomed), return_exceptions=True))
+        self._release_scratch_root()
 
     def close_all_sync(self) -> None:
         """No event loop needed: for atexit and signal handlers."""
         for sb in list(self._live.values()):
             with contextlib.suppress(Exception):
                 sb.kill_sync()
+        self._release_scratch_root()
+
+    def _release_scratch_root(self) -> None:
+        """A scratch root outside the state dir (the short /tmp one) goes once it is empty."""
+        if not self._live and not self.scratch_root.is_relative_to(self.state_dir):
+            with contextlib.suppress(OSError):
+                self.scratch_root.rmdir()
 
     # ---- reaping -------------------------------------------------------------------------------------
     async def reap_stale(self) -> list[str]:

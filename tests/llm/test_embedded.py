@@ -7,13 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import httpx
 import pytest
 
 from raas.errors import RaasError
-from raas.llm.embedded import EmbeddedServer
+from raas.llm.embedded import EmbeddedServer, reap_stale_dirs
 
 pytestmark = pytest.mark.integration
 
@@ -73,6 +74,10 @@ async def test_cli_serve_prints_url_and_reaps_on_sigterm() -> None:
             await proc.wait()
 
 
+def _temp_dirs_of(pid: int) -> list[Path]:
+    return list(Path(tempfile.gettempdir()).glob(f"raas-llama-{pid}-*"))
+
+
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False)
     return [int(x) for x in out.stdout.split()]
@@ -80,7 +85,7 @@ def _children(pid: int) -> list[int]:
 
 _HOLDER = """
 import asyncio, sys
-from raas.llm.embedded import EmbeddedServer
+from raas.llm.embedded import EmbeddedServer, reap_stale_dirs
 async def main():
     srv = EmbeddedServer(parallel=1, ctx_per_slot=256, threads=1)
     await srv.start()
@@ -104,6 +109,10 @@ async def test_server_dies_with_a_killed_parent() -> None:
                 break
             await asyncio.sleep(0.05)
         assert _gone(child)
+        # its temp dir outlived it (no code ran in the killed process); the next start reaps it
+        leftovers = _temp_dirs_of(proc.pid)
+        assert len(leftovers) == 1
+        assert set(leftovers) <= set(reap_stale_dirs()) and _temp_dirs_of(proc.pid) == []
     finally:
         if proc.returncode is None:
             proc.kill()

@@ -29,6 +29,25 @@ from raas.errors import RaasError
 from raas.llm.models import default_gguf_path
 
 _LIVE: weakref.WeakSet[EmbeddedServer] = weakref.WeakSet()
+_TMP_PREFIX = "raas-llama-"
+
+
+def reap_stale_dirs(root: Path | None = None) -> list[Path]:
+    """Remove the temp dirs of embedded servers whose owning process is gone (it was SIGKILLed, so
+    neither ``stop()`` nor ``atexit`` ran; the kernel killed the server, nobody removed its dir)."""
+    removed = []
+    for path in Path(root or tempfile.gettempdir()).glob(f"{_TMP_PREFIX}*-*"):
+        owner = path.name[len(_TMP_PREFIX):].split("-", 1)[0]
+        if not owner.isdigit() or int(owner) == os.getpid():
+            continue
+        try:
+            os.kill(int(owner), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        except PermissionError:
+            continue
+    return removed
 
 
 def llama_server_binary() -> Path:
@@ -134,7 +153,8 @@ class EmbeddedServer:
 
     def _spawn(self, cmd: list[str]) -> None:
         """Fork on the calling (event-loop) thread: PR_SET_PDEATHSIG follows the thread that forked."""
-        self._tmp = Path(tempfile.mkdtemp(prefix="raas-llama-"))
+        reap_stale_dirs()
+        self._tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-"))
         self._log = self._tmp / "server.log"
         with open(self._log, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

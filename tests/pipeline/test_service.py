@@ -176,13 +176,14 @@ async def test_batch_is_all_or_nothing(make_service: ServiceFactory) -> None:
 
 async def test_priority_orders_each_queue(make_service: ServiceFactory) -> None:
     svc = await make_service(init_workers=1)
-    blocker = await submit(svc, script(init={"sleep": 0.5}))
+    blocker = await submit(svc, script(init={"sleep": 60}))
     await reach(svc, blocker, "init")
     order: list[str] = []
     async with svc.events() as sub:
         low = await submit(svc, script(), priority=-5)
         mid = await submit(svc, script())
         high = await submit(svc, script(), priority=5)
+        await svc.cancel(blocker)  # frees the only INIT worker once all three wait
         async for event in sub:
             if event.status == "init" and event.job_id in (low, mid, high):
                 order.append(event.job_id)

@@ -26,9 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from raas.errors import RaasError
 from raas.sandbox import procs
+from raas.sandbox.client import ToolClient
 
 if TYPE_CHECKING:
-    from raas.sandbox.client import ToolClient
+    from raas.sandbox.models import BashResult, IPythonResult
 
 READY_LINE = b"RAAS_TOOLSERVER_READY 1"
 INNER_RUN = "/.raas/run"
@@ -104,6 +105,22 @@ class LaunchSpec:
     extra_cleanup: list[Path] = field(default_factory=list)
 
 
+class SandboxTools(ToolClient):
+    """The tool client of one sandbox: its per-command wall clock is the default bash/ipython timeout."""
+
+    def __init__(self, socket_path: str, *, default_timeout: float | None = None, **kwargs: Any) -> None:
+        super().__init__(socket_path, **kwargs)
+        self.default_timeout = default_timeout
+
+    async def bash(self, command: str, *, timeout: float | None = None,  # noqa: ASYNC109 - server-enforced
+                   **kwargs: Any) -> BashResult:
+        return await super().bash(command, timeout=self.default_timeout if timeout is None else timeout, **kwargs)
+
+    async def ipython(self, code: str, *, timeout: float | None = None,  # noqa: ASYNC109 - server-enforced
+                      **kwargs: Any) -> IPythonResult:
+        return await super().ipython(code, timeout=self.default_timeout if timeout is None else timeout, **kwargs)
+
+
 class Sandbox(ABC):
     """One running sandbox: a tool server reachable over ``<run_dir>/tool.sock``."""
 
@@ -127,7 +144,7 @@ class Sandbox(ABC):
         self.lease_deadline: float | None = None
         self._on_close = on_close
         self._proc: asyncio.subprocess.Process | None = None
-        self._client: ToolClient | None = None
+        self._client: SandboxTools | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
         self._close_task: asyncio.Task[None] | None = None
@@ -188,7 +205,7 @@ class Sandbox(ABC):
         return self._closed
 
     @property
-    def tools(self) -> ToolClient:
+    def tools(self) -> SandboxTools:
         """The tool client; raises ``sandbox_dead`` once the sandbox died or was closed."""
         if self._closed:
             raise RaasError(f"sandbox {self.id} is closed", kind="sandbox_dead")
@@ -287,26 +304,8 @@ class Sandbox(ABC):
             while await self._proc.stdout.read(65536):
                 pass
 
-    async def _connect(self) -> ToolClient:
-        from raas.sandbox.client import ToolClient
-
-        class SandboxTools(ToolClient):
-            """The tool client with the sandbox's per-command wall clock as the default timeout."""
-
-            default_timeout: float | None = None
-
-            async def bash(self, command: str, *, timeout: float | None = None,  # noqa: ASYNC109
-                           **kwargs: Any) -> Any:
-                t = self.default_timeout if timeout is None else timeout
-                return await super().bash(command, timeout=t, **kwargs)
-
-            async def ipython(self, code: str, *, timeout: float | None = None,  # noqa: ASYNC109
-                              **kwargs: Any) -> Any:
-                t = self.default_timeout if timeout is None else timeout
-                return await super().ipython(code, timeout=t, **kwargs)
-
-        client = SandboxTools(str(self.socket_path))
-        client.default_timeout = self.config.command_timeout_s
+    async def _connect(self) -> SandboxTools:
+        client = SandboxTools(str(self.socket_path), default_timeout=self.config.command_timeout_s)
         try:
             await client.connect()
             self.server_info = await client.ping()

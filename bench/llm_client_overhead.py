@@ -32,13 +32,20 @@ OUT = Path(__file__).parent / "results" / "client_overhead.json"
 
 def stub_app(output_tokens: int) -> Callable[..., Awaitable[None]]:
     tokens = list(range(100, 100 + output_tokens))
-    completion = json.dumps({
-        "content": "x" * output_tokens, "tokens": tokens, "stop": True, "stop_type": "limit",
-        "tokens_evaluated": 100, "tokens_cached": 99,
-        "completion_probabilities": [{"id": t, "token": "x", "bytes": [120], "logprob": -0.5, "top_logprobs": []}
-                                     for t in tokens],
-        "timings": {"cache_n": 99, "prompt_n": 1},
-    }).encode()
+    completion = json.dumps(
+        {
+            "content": "x" * output_tokens,
+            "tokens": tokens,
+            "stop": True,
+            "stop_type": "limit",
+            "tokens_evaluated": 100,
+            "tokens_cached": 99,
+            "completion_probabilities": [
+                {"id": t, "token": "x", "bytes": [120], "logprob": -0.5, "top_logprobs": []} for t in tokens
+            ],
+            "timings": {"cache_n": 99, "prompt_n": 1},
+        }
+    ).encode()
     props = json.dumps({"default_generation_settings": {"n_ctx": 100000}, "total_slots": 8}).encode()
 
     async def app(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
@@ -48,8 +55,13 @@ def stub_app(output_tokens: int) -> Callable[..., Awaitable[None]]:
         while more:
             more = (await receive()).get("more_body", False)
         body = props if scope["path"] == "/props" else (b"" if scope["path"] == "/health" else completion)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     return app
@@ -70,8 +82,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(stub_app(args.output_tokens), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            stub_app(args.output_tokens), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+        )
+    )
     task = asyncio.create_task(server.serve())
     for _ in range(1000):
         if server.started or task.done():
@@ -94,18 +109,27 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 return r.json()
 
             results = {}
-            for name, call in (("raw", raw), ("client", lambda: client.generate(prompt, sampling)),
-                               ("balancer", lambda: bal.generate(prompt, sampling, trajectory_id="t"))):
+            for name, call in (
+                ("raw", raw),
+                ("client", lambda: client.generate(prompt, sampling)),
+                ("balancer", lambda: bal.generate(prompt, sampling, trajectory_id="t")),
+            ):
                 samples = await timed(args.requests, call)
-                results[name] = {"median_us": round(statistics.median(samples) * 1e6, 1),
-                                 "p90_us": round(sorted(samples)[int(0.9 * len(samples))] * 1e6, 1)}
+                results[name] = {
+                    "median_us": round(statistics.median(samples) * 1e6, 1),
+                    "p90_us": round(sorted(samples)[int(0.9 * len(samples))] * 1e6, 1),
+                }
     finally:
         server.should_exit = True
         await task
-    return {"benchmark": "llm_client_overhead", "requests": args.requests, "output_tokens": args.output_tokens,
-            **results,
-            "client_overhead_us": round(results["client"]["median_us"] - results["raw"]["median_us"], 1),
-            "balancer_overhead_us": round(results["balancer"]["median_us"] - results["raw"]["median_us"], 1)}
+    return {
+        "benchmark": "llm_client_overhead",
+        "requests": args.requests,
+        "output_tokens": args.output_tokens,
+        **results,
+        "client_overhead_us": round(results["client"]["median_us"] - results["raw"]["median_us"], 1),
+        "balancer_overhead_us": round(results["balancer"]["median_us"] - results["raw"]["median_us"], 1),
+    }
 
 
 def main() -> None:

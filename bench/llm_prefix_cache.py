@@ -32,18 +32,32 @@ from raas.llm.servers import LlamaCppClient
 OUT = Path(__file__).parent / "results" / "prefix_cache.json"
 
 
-async def trajectory(tid: str, tok: ChatTokenizer, turns: int, sampling: SamplingParams, send: Any) -> list[dict[str, int]]:
-    conv = tok.conversation([{"role": "system", "content": "You are an agent with a shell."},
-                             {"role": "user", "content": f"Task {tid}: find the largest file in /var/log."}])
+async def trajectory(
+    tid: str, tok: ChatTokenizer, turns: int, sampling: SamplingParams, send: Any
+) -> list[dict[str, int]]:
+    conv = tok.conversation(
+        [
+            {"role": "system", "content": "You are an agent with a shell."},
+            {"role": "user", "content": f"Task {tid}: find the largest file in /var/log."},
+        ]
+    )
     rows = []
     reusable = 0  # what a server that saw the previous turn could reuse: previous prompt + output
     for turn in range(turns):
         res = await send(tid, list(conv.prompt_ids), sampling)
-        rows.append({"turn": turn, "prompt": len(conv.prompt_ids), "cached": int(res.cached_tokens or 0),
-                     "reusable": reusable})
+        rows.append(
+            {
+                "turn": turn,
+                "prompt": len(conv.prompt_ids),
+                "cached": int(res.cached_tokens or 0),
+                "reusable": reusable,
+            }
+        )
         reusable = len(conv.prompt_ids) + len(res.output_ids)
         conv.add_assistant(res.output_ids, res.logprobs)
-        conv.add_messages([{"role": "tool", "content": f"-rw-r--r-- 1 root root {1000 + turn} syslog.{turn}"}])
+        conv.add_messages(
+            [{"role": "tool", "content": f"-rw-r--r-- 1 root root {1000 + turn} syslog.{turn}"}]
+        )
     return rows
 
 
@@ -52,17 +66,27 @@ def summarize(rows: list[list[dict[str, int]]]) -> dict[str, Any]:
     prompt = sum(r["prompt"] for r in later)
     cached = sum(r["cached"] for r in later)
     reusable = sum(r["reusable"] for r in later)
-    return {"turns_after_first": len(later), "prompt_tokens": prompt, "cached_tokens": cached,
-            "hit_rate": round(cached / prompt, 3) if prompt else None,
-            "best_possible_hit_rate": round(reusable / prompt, 3) if prompt else None}
+    return {
+        "turns_after_first": len(later),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "hit_rate": round(cached / prompt, 3) if prompt else None,
+        "best_possible_hit_rate": round(reusable / prompt, 3) if prompt else None,
+    }
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     tok = ChatTokenizer.from_pretrained(default_tokenizer_dir())
     sampling = SamplingParams(max_tokens=args.max_tokens, seed=0)
-    servers = [EmbeddedServer(parallel=args.parallel, ctx_per_slot=2048, threads=args.threads) for _ in range(2)]
-    result: dict[str, Any] = {"benchmark": "llm_prefix_cache", "trajectories": args.trajectories,
-                              "turns": args.turns, "max_tokens": args.max_tokens}
+    servers = [
+        EmbeddedServer(parallel=args.parallel, ctx_per_slot=2048, threads=args.threads) for _ in range(2)
+    ]
+    result: dict[str, Any] = {
+        "benchmark": "llm_prefix_cache",
+        "trajectories": args.trajectories,
+        "turns": args.turns,
+        "max_tokens": args.max_tokens,
+    }
     try:
         for s in servers:
             await s.start()
@@ -82,8 +106,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
             for name, send in (("sticky", sticky), ("round_robin", round_robin)):
                 start = time.perf_counter()
-                rows = await asyncio.gather(*(trajectory(f"{name}-{i}", tok, args.turns, sampling, send)
-                                              for i in range(args.trajectories)))
+                rows = await asyncio.gather(
+                    *(
+                        trajectory(f"{name}-{i}", tok, args.turns, sampling, send)
+                        for i in range(args.trajectories)
+                    )
+                )
                 result[name] = {**summarize(list(rows)), "wall_s": round(time.perf_counter() - start, 2)}
     finally:
         for s in servers:

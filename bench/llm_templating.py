@@ -25,10 +25,16 @@ OUT = Path(__file__).parent / "results" / "templating.json"
 
 
 def run(tok: ChatTokenizer, turns: int, reps: int) -> list[dict[str, float]]:
-    first = [{"role": "system", "content": "You are a coding agent."},
-             {"role": "user", "content": "Fix the failing test in /workspace."}]
-    assistant = tok.encode('I will look.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n'
-                           "</tool_call>") + tok.stop_token_ids()[:1]
+    first = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the failing test in /workspace."},
+    ]
+    assistant = (
+        tok.encode(
+            'I will look.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
+        )
+        + tok.stop_token_ids()[:1]
+    )
     observation = "README.md\nsetup.py\nsrc/\ntests/\n" * 4
     incremental: list[list[float]] = [[] for _ in range(turns)]
     full: list[list[float]] = [[] for _ in range(turns)]
@@ -46,8 +52,14 @@ def run(tok: ChatTokenizer, turns: int, reps: int) -> list[dict[str, float]]:
             start = time.perf_counter()
             tok.apply_chat_template(conv.messages[:n], tools=SAMPLE_TOOLS, add_generation_prompt=True)
             full[t].append(time.perf_counter() - start)
-    return [{"turn": t + 1, "us_per_turn": round(statistics.median(incremental[t]) * 1e6, 1),
-             "us_full_render": round(statistics.median(full[t]) * 1e6, 1)} for t in range(turns)]
+    return [
+        {
+            "turn": t + 1,
+            "us_per_turn": round(statistics.median(incremental[t]) * 1e6, 1),
+            "us_full_render": round(statistics.median(full[t]) * 1e6, 1),
+        }
+        for t in range(turns)
+    ]
 
 
 def main() -> None:
@@ -60,10 +72,18 @@ def main() -> None:
     tok = ChatTokenizer.from_pretrained(args.tokenizer or default_tokenizer_dir())
     rows = run(tok, args.turns, args.reps)
     first, last = rows[0]["us_per_turn"], rows[-1]["us_per_turn"]
-    result = {"benchmark": "llm_templating", "tokenizer": tok.name, "reps": args.reps, "rows": rows,
-              "summary": {"us_per_turn_first": first, "us_per_turn_last": last,
-                          "growth_last_over_first": round(last / first, 2) if first else None,
-                          "us_full_render_last": rows[-1]["us_full_render"]}}
+    result = {
+        "benchmark": "llm_templating",
+        "tokenizer": tok.name,
+        "reps": args.reps,
+        "rows": rows,
+        "summary": {
+            "us_per_turn_first": first,
+            "us_per_turn_last": last,
+            "growth_last_over_first": round(last / first, 2) if first else None,
+            "us_full_render_last": rows[-1]["us_full_render"],
+        },
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))

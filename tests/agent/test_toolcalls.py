@@ -26,16 +26,23 @@ def test_hermes_single_call_with_text_around() -> None:
 
 
 def test_hermes_several_calls_and_string_arguments() -> None:
-    text = ('<tool_call>{"name": "bash", "arguments": "{\\"command\\": \\"pwd\\"}"}</tool_call>'
-            '<tool_call>{"name": "python", "parameters": {"code": "1+1"}}</tool_call>')
+    text = (
+        '<tool_call>{"name": "bash", "arguments": "{\\"command\\": \\"pwd\\"}"}</tool_call>'
+        '<tool_call>{"name": "python", "parameters": {"code": "1+1"}}</tool_call>'
+    )
     r = parse_tool_calls(text, TOOLS)
-    assert [(c.name, c.arguments) for c in r.calls] == [("bash", {"command": "pwd"}), ("python", {"code": "1+1"})]
+    assert [(c.name, c.arguments) for c in r.calls] == [
+        ("bash", {"command": "pwd"}),
+        ("python", {"code": "1+1"}),
+    ]
     assert len({c.id for c in r.calls}) == 2
 
 
 def test_plain_json_call_object_list_fenced_and_openai_shape() -> None:
     assert parse_tool_calls('{"name": "bash", "arguments": {"command": "ls"}}').calls[0].name == "bash"
-    r = parse_tool_calls('[{"name": "bash", "arguments": {}}, {"name": "python", "parameters": {"code": "x"}}]')
+    r = parse_tool_calls(
+        '[{"name": "bash", "arguments": {}}, {"name": "python", "parameters": {"code": "x"}}]'
+    )
     assert [c.name for c in r.calls] == ["bash", "python"] and r.format == "json"
     r = parse_tool_calls('```json\n{"name": "bash", "parameters": {"command": "id"}}\n```')
     assert r.calls[0].arguments == {"command": "id"}
@@ -56,7 +63,10 @@ def test_plain_text_and_non_call_json_are_not_calls() -> None:
         ('<tool_call>{"name": "bash", "arguments": {"command": "ls"}', "not closed"),
         ('<tool_call>{"arguments": {}}</tool_call>', 'no "name"'),
         ('<tool_call>["bash"]</tool_call>', "not an object"),
-        ('<tool_call>{"name": "bash", "arguments": "{oops"}</tool_call>', "arguments of 'bash' are not valid JSON"),
+        (
+            '<tool_call>{"name": "bash", "arguments": "{oops"}</tool_call>',
+            "arguments of 'bash' are not valid JSON",
+        ),
         ('<tool_call>{"name": "bash", "arguments": [1]}</tool_call>', "must be a JSON object"),
         ('{"name": "bash", "arguments": {', "not valid JSON"),
     ],
@@ -72,8 +82,10 @@ def test_malformed_calls_become_error_observations(text: str, needle: str) -> No
 
 def test_unknown_tool_is_reported_and_good_calls_survive() -> None:
     before = _count("hermes", "unknown_tool")
-    text = ('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'
-            '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>')
+    text = (
+        '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'
+        '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
+    )
     r = parse_tool_calls(text, TOOLS)
     assert [c.name for c in r.calls] == ["bash"]
     assert "unknown tool 'rm_rf'" in (r.error_observation() or "")

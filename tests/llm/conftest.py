@@ -20,18 +20,34 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 # Llama-3's pre-tokenizer split (newline runs are their own pre-token); the fixture reuses SmolLM2's
 # vocabulary with it so the Llama-3 template is exercised with Llama-3 boundary behaviour.
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # name -> (special tokens, plain added tokens, bos, eos, pre-tokenizer override)
 TEMPLATE_FIXTURES: dict[str, tuple[list[str], list[str], str | None, str, str | None]] = {
-    "qwen2_5": (["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
-                ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"], None, "<|im_end|>", None),
-    "qwen3": (["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
-              ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"],
-              None, "<|im_end|>", None),
-    "llama3": (["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], [],
-               "<|begin_of_text|>", "<|eot_id|>", _LLAMA3_SPLIT),
+    "qwen2_5": (
+        ["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
+        ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"],
+        None,
+        "<|im_end|>",
+        None,
+    ),
+    "qwen3": (
+        ["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
+        ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"],
+        None,
+        "<|im_end|>",
+        None,
+    ),
+    "llama3": (
+        ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+        [],
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        _LLAMA3_SPLIT,
+    ),
 }
 
 
@@ -69,12 +85,25 @@ def fixture_dir(smol_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Cal
         tok.save(str(out / "tokenizer.json"))
         if split is not None:
             data = json.loads((out / "tokenizer.json").read_text())
-            data["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": False},
-                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+            data["pre_tokenizer"] = {
+                "type": "Sequence",
+                "pretokenizers": [
+                    {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": False},
+                    {
+                        "type": "ByteLevel",
+                        "add_prefix_space": False,
+                        "trim_offsets": True,
+                        "use_regex": False,
+                    },
+                ],
+            }
             (out / "tokenizer.json").write_text(json.dumps(data))
-        config = {"chat_template": (FIXTURES / f"{name}.jinja").read_text(), "eos_token": eos,
-                  "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+        config = {
+            "chat_template": (FIXTURES / f"{name}.jinja").read_text(),
+            "eos_token": eos,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "clean_up_tokenization_spaces": False,
+        }
         if bos:
             config["bos_token"] = bos
         (out / "tokenizer_config.json").write_text(json.dumps(config))

@@ -32,25 +32,33 @@ def _prompt(tok: ChatTokenizer, text: str) -> list[int]:
     return tok.conversation([{"role": "user", "content": text}]).prompt_ids
 
 
-async def test_trajectories_stick_to_their_server(llama_url: str, llama_url_b: str, smol: ChatTokenizer) -> None:
+async def test_trajectories_stick_to_their_server(
+    llama_url: str, llama_url_b: str, smol: ChatTokenizer
+) -> None:
     async with LLMBalancer(health_interval_s=0) as bal:
         bal.add(llama_url)
         bal.add(llama_url_b)
         for tid in ("t1", "t2", "t3"):
-            servers = {(await bal.generate(_prompt(smol, f"hi {tid} {turn}"), SHORT, trajectory_id=tid)).server
-                       for turn in range(3)}
+            servers = {
+                (await bal.generate(_prompt(smol, f"hi {tid} {turn}"), SHORT, trajectory_id=tid)).server
+                for turn in range(3)
+            }
             assert servers == {bal.pinned_server(tid)}
         bal.release("t1")
         assert bal.pinned_server("t1") is None
         assert {s["kind"] for s in bal.servers()} == {"llamacpp"}
 
 
-async def test_least_in_flight_spreads_and_ties_rotate(llama_url: str, llama_url_b: str, smol: ChatTokenizer) -> None:
+async def test_least_in_flight_spreads_and_ties_rotate(
+    llama_url: str, llama_url_b: str, smol: ChatTokenizer
+) -> None:
     async with LLMBalancer(health_interval_s=0) as bal:
         bal.add(llama_url)
         bal.add(llama_url_b)
         prompt = _prompt(smol, "Write a word.")
-        results = await asyncio.gather(*(bal.generate(prompt, SHORT, trajectory_id=f"c{i}") for i in range(4)))
+        results = await asyncio.gather(
+            *(bal.generate(prompt, SHORT, trajectory_id=f"c{i}") for i in range(4))
+        )
         assert Counter(r.server for r in results) == Counter({llama_url: 2, llama_url_b: 2})
         # nothing in flight: every request ties, and ties rotate between the two servers
         sequential = [(await bal.generate(prompt, SHORT)).server for _ in range(4)]
@@ -58,7 +66,9 @@ async def test_least_in_flight_spreads_and_ties_rotate(llama_url: str, llama_url
         assert bal.in_flight == 0 and all(s["in_flight"] == 0 for s in bal.servers())
 
 
-async def test_failover_when_the_pinned_server_is_killed_mid_request(llama_url: str, smol: ChatTokenizer) -> None:
+async def test_failover_when_the_pinned_server_is_killed_mid_request(
+    llama_url: str, smol: ChatTokenizer
+) -> None:
     doomed = EmbeddedServer(parallel=2, ctx_per_slot=512, threads=1)
     await doomed.start()
     pid = doomed.pid
@@ -72,10 +82,13 @@ async def test_failover_when_the_pinned_server_is_killed_mid_request(llama_url: 
             conv.add_messages([{"role": "user", "content": "Go on, at length."}])
             bal.add(llama_url, weight_version="v1")
 
-            task = asyncio.create_task(bal.generate(conv.prompt_ids, SamplingParams(max_tokens=200, seed=1),
-                                                    trajectory_id="traj"))
-            await _until(lambda: any(s["address"] == doomed.url and s["in_flight"] for s in bal.servers()),
-                         "the request to reach the doomed server")
+            task = asyncio.create_task(
+                bal.generate(conv.prompt_ids, SamplingParams(max_tokens=200, seed=1), trajectory_id="traj")
+            )
+            await _until(
+                lambda: any(s["address"] == doomed.url and s["in_flight"] for s in bal.servers()),
+                "the request to reach the doomed server",
+            )
             assert doomed.proc is not None
             os.killpg(doomed.proc.pid, signal.SIGKILL)
             res = await task
@@ -96,14 +109,19 @@ async def test_failover_when_the_pinned_server_is_killed_mid_request(llama_url: 
         os.kill(pid, 0)
 
 
-async def test_pause_drains_in_flight_and_holds_new_requests(llama_url: str, llama_url_b: str,
-                                                             smol: ChatTokenizer) -> None:
+async def test_pause_drains_in_flight_and_holds_new_requests(
+    llama_url: str, llama_url_b: str, smol: ChatTokenizer
+) -> None:
     async with LLMBalancer(health_interval_s=0) as bal:
         bal.add(llama_url)
         bal.add(llama_url_b)
         prompt = _prompt(smol, "Count to ten.")
-        running = [asyncio.create_task(bal.generate(prompt, SamplingParams(max_tokens=24, seed=i),
-                                                    trajectory_id=f"p{i}")) for i in range(3)]
+        running = [
+            asyncio.create_task(
+                bal.generate(prompt, SamplingParams(max_tokens=24, seed=i), trajectory_id=f"p{i}")
+            )
+            for i in range(3)
+        ]
         await _until(lambda: bal.in_flight == 3, "three requests in flight")
         await bal.pause()
         assert bal.paused and bal.in_flight == 0

@@ -54,8 +54,20 @@ def test_bad_settings_are_bad_requests() -> None:
 
 async def test_cli_serve_prints_url_and_reaps_on_sigterm() -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "raas.cli", "llm", "serve", "-np", "1", "--ctx-per-slot", "256", "-t", "1",
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "raas.cli",
+        "llm",
+        "serve",
+        "-np",
+        "1",
+        "--ctx-per-slot",
+        "256",
+        "-t",
+        "1",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert proc.stdout is not None
         line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode().strip()
@@ -79,7 +91,9 @@ def _temp_dirs_of(pid: int) -> list[Path]:
 
 
 def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        ["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False
+    )
     return [int(x) for x in out.stdout.split()]
 
 

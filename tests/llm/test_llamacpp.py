@@ -30,18 +30,30 @@ async def test_detects_llamacpp_and_reads_slot_context(llama_url: str, http: htt
     assert await client.health()
 
 
-async def test_our_tokenizer_matches_the_server(llama_url: str, http: httpx.AsyncClient, smol: ChatTokenizer) -> None:
-    conv = smol.conversation([{"role": "system", "content": "Tools below."}, {"role": "user", "content": "ls 123 ü"}],
-                             tools=SAMPLE_TOOLS)
-    r = await http.post(f"{llama_url}/tokenize", json={"content": smol.decode(conv.prompt_ids), "parse_special": True})
+async def test_our_tokenizer_matches_the_server(
+    llama_url: str, http: httpx.AsyncClient, smol: ChatTokenizer
+) -> None:
+    conv = smol.conversation(
+        [{"role": "system", "content": "Tools below."}, {"role": "user", "content": "ls 123 ü"}],
+        tools=SAMPLE_TOOLS,
+    )
+    r = await http.post(
+        f"{llama_url}/tokenize", json={"content": smol.decode(conv.prompt_ids), "parse_special": True}
+    )
     assert r.json()["tokens"] == conv.prompt_ids
 
 
-async def test_multi_turn_tool_trajectory_is_token_exact(llama_url: str, http: httpx.AsyncClient,
-                                                          smol: ChatTokenizer) -> None:
+async def test_multi_turn_tool_trajectory_is_token_exact(
+    llama_url: str, http: httpx.AsyncClient, smol: ChatTokenizer
+) -> None:
     client = LlamaCppClient(llama_url, http)
-    conv = smol.conversation([{"role": "system", "content": "You are an agent."},
-                              {"role": "user", "content": "Count the files in /tmp."}], tools=SAMPLE_TOOLS)
+    conv = smol.conversation(
+        [
+            {"role": "system", "content": "You are an agent."},
+            {"role": "user", "content": "Count the files in /tmp."},
+        ],
+        tools=SAMPLE_TOOLS,
+    )
     sampling = SamplingParams(max_tokens=16, seed=7)
     prompts: list[list[int]] = []
     outputs: list[list[int]] = []
@@ -57,9 +69,9 @@ async def test_multi_turn_tool_trajectory_is_token_exact(llama_url: str, http: h
         conv.add_assistant(res.output_ids, res.logprobs)
         # the IDs the server sampled are exactly the IDs recorded, with their logprobs, mask 1
         start = len(prompt)
-        assert conv.ids[start: start + len(res.output_ids)] == res.output_ids
-        assert conv.logprobs[start: start + len(res.output_ids)] == res.logprobs
-        assert conv.mask[start: start + len(res.output_ids)] == [1] * len(res.output_ids)
+        assert conv.ids[start : start + len(res.output_ids)] == res.output_ids
+        assert conv.logprobs[start : start + len(res.output_ids)] == res.logprobs
+        assert conv.mask[start : start + len(res.output_ids)] == [1] * len(res.output_ids)
         conv.add_messages([{"role": "tool", "content": f"result {turn}: 3 files"}])
     for t in range(2):
         assert prompts[t + 1][: len(prompts[t]) + len(outputs[t])] == prompts[t] + outputs[t]
@@ -67,25 +79,30 @@ async def test_multi_turn_tool_trajectory_is_token_exact(llama_url: str, http: h
     assert sum(conv.mask) == sum(len(o) for o in outputs)
 
 
-async def test_eos_is_returned_and_the_template_adds_only_the_rest(llama_url: str, http: httpx.AsyncClient,
-                                                                    smol: ChatTokenizer) -> None:
+async def test_eos_is_returned_and_the_template_adds_only_the_rest(
+    llama_url: str, http: httpx.AsyncClient, smol: ChatTokenizer
+) -> None:
     """llama.cpp returns the EOS it stopped on; the conversation then appends just the newline."""
     client = LlamaCppClient(llama_url, http)
     conv = smol.conversation([{"role": "user", "content": "Reply with just the word yes."}])
     for seed in range(12):
-        res = await client.generate(conv.prompt_ids, SamplingParams(max_tokens=24, seed=seed, temperature=0.3))
+        res = await client.generate(
+            conv.prompt_ids, SamplingParams(max_tokens=24, seed=seed, temperature=0.3)
+        )
         if res.finish_reason == "stop":
             break
     assert res.finish_reason == "stop" and res.extra["stop_type"] == "eos"
     assert res.output_ids[-1] == 2
     before = len(conv.ids)
     conv.add_assistant(res.output_ids, res.logprobs)
-    assert smol.decode(conv.ids[before + len(res.output_ids):]) == "\n"
+    assert smol.decode(conv.ids[before + len(res.output_ids) :]) == "\n"
 
 
 async def test_prefix_cache_is_reported(llama_url: str, http: httpx.AsyncClient, smol: ChatTokenizer) -> None:
     client = LlamaCppClient(llama_url, http)
-    prompt = smol.conversation([{"role": "user", "content": "Tell me about caching prefixes of prompts."}]).prompt_ids
+    prompt = smol.conversation(
+        [{"role": "user", "content": "Tell me about caching prefixes of prompts."}]
+    ).prompt_ids
     await client.generate(prompt, SamplingParams(max_tokens=2, seed=1))
     res = await client.generate(prompt, SamplingParams(max_tokens=2, seed=1))
     assert res.cached_tokens is not None and res.cached_tokens >= len(prompt) - 1
@@ -101,7 +118,9 @@ async def test_prompt_that_fills_the_context_is_refused(llama_url: str, http: ht
     assert len(res.output_ids) <= 1024 - 1020
 
 
-async def test_empty_prompt_and_bad_sampling_are_bad_requests(llama_url: str, http: httpx.AsyncClient) -> None:
+async def test_empty_prompt_and_bad_sampling_are_bad_requests(
+    llama_url: str, http: httpx.AsyncClient
+) -> None:
     client = LlamaCppClient(llama_url, http)
     with pytest.raises(RaasError) as err:
         await client.generate([], SamplingParams())

@@ -25,8 +25,9 @@ def test_smollm2_chatml_is_append_only(smol: ChatTokenizer, server_returns_stop:
 
 @pytest.mark.parametrize(("name", "kwargs"), [("qwen2_5", {}), ("llama3", {"date_string": "26 Jul 2024"})])
 @pytest.mark.parametrize("server_returns_stop", [True, False])
-def test_fixture_templates_are_append_only(fixture_dir: Callable[[str], Path], name: str, kwargs: dict[str, str],
-                                           server_returns_stop: bool) -> None:
+def test_fixture_templates_are_append_only(
+    fixture_dir: Callable[[str], Path], name: str, kwargs: dict[str, str], server_returns_stop: bool
+) -> None:
     tok = ChatTokenizer.from_pretrained(fixture_dir(name))
     report = check_template(tok, server_returns_stop_token=server_returns_stop, **kwargs)
     assert report.ok, report.summary()

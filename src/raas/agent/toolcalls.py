@@ -24,8 +24,9 @@ TOOL_CALLS = Counter("raas_tool_calls", "Tool calls read from model output", ["f
 _HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _FENCE = re.compile(r"^```(?:json)?\s*\n(.*?)\n?```$", re.DOTALL)
 
-FORMAT_HINT = ('Call a tool as <tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}'
-               "</tool_call>.")
+FORMAT_HINT = (
+    'Call a tool as <tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>.'
+)
 
 
 @dataclass
@@ -36,8 +37,11 @@ class ToolCall:
     raw: str = ""
 
     def to_openai(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)},
+        }
 
 
 @dataclass
@@ -82,7 +86,7 @@ def _call_from_obj(obj: Any, raw: str, allowed: set[str] | None) -> ToolCall | s
         obj = obj["function"]
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
-        return "tool call has no \"name\""
+        return 'tool call has no "name"'
     args: Any = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         try:
@@ -150,7 +154,9 @@ def _parse_json(text: str, allowed: set[str] | None) -> ParsedOutput | None:
     return ParsedOutput(calls, "", errors, "json")
 
 
-def parse_tool_calls(text: str, tools: Iterable[str] | Iterable[dict[str, Any]] | None = None) -> ParsedOutput:
+def parse_tool_calls(
+    text: str, tools: Iterable[str] | Iterable[dict[str, Any]] | None = None
+) -> ParsedOutput:
     """Find the tool calls in ``text``; ``tools`` (names or OpenAI tool schemas) limits valid names."""
     allowed = _names(tools)
     if not isinstance(text, str):

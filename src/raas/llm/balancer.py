@@ -43,12 +43,20 @@ class _Server:
 class LLMBalancer:
     """Registry of inference servers plus routing; use as ``async with LLMBalancer() as b``."""
 
-    def __init__(self, *, http: httpx.AsyncClient | None = None, request_timeout_s: float = 600.0,
-                 retries: int = 2, backoff_s: float = 0.2, health_interval_s: float = 5.0,
-                 max_failovers: int = 3) -> None:
+    def __init__(
+        self,
+        *,
+        http: httpx.AsyncClient | None = None,
+        request_timeout_s: float = 600.0,
+        retries: int = 2,
+        backoff_s: float = 0.2,
+        health_interval_s: float = 5.0,
+        max_failovers: int = 3,
+    ) -> None:
         self._own_http = http is None
-        self.http = http or httpx.AsyncClient(limits=httpx.Limits(max_connections=512,
-                                                                  max_keepalive_connections=128))
+        self.http = http or httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128)
+        )
         self.request_timeout_s = request_timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
@@ -119,10 +127,19 @@ class LLMBalancer:
 
     def servers(self) -> list[dict[str, Any]]:
         return [
-            {"address": s.address, "kind": s.kind, "weight_version": s.weight_version, "healthy": s.healthy,
-             "in_flight": s.in_flight, "requests": s.requests, "failures": s.failures,
-             "pinned": len(s.pinned), "cached_tokens": s.cached_tokens, "prompt_tokens": s.prompt_tokens,
-             "last_error": s.last_error}
+            {
+                "address": s.address,
+                "kind": s.kind,
+                "weight_version": s.weight_version,
+                "healthy": s.healthy,
+                "in_flight": s.in_flight,
+                "requests": s.requests,
+                "failures": s.failures,
+                "pinned": len(s.pinned),
+                "cached_tokens": s.cached_tokens,
+                "prompt_tokens": s.prompt_tokens,
+                "last_error": s.last_error,
+            }
             for s in self._servers.values()
         ]
 
@@ -177,8 +194,14 @@ class LLMBalancer:
                 if kind == "auto":
                     kind = await detect_kind(state.address, self.http)
                     state.kind = kind
-                state.client = make_client(kind, state.address, self.http, request_timeout_s=self.request_timeout_s,
-                                           retries=self.retries, backoff_s=self.backoff_s)
+                state.client = make_client(
+                    kind,
+                    state.address,
+                    self.http,
+                    request_timeout_s=self.request_timeout_s,
+                    retries=self.retries,
+                    backoff_s=self.backoff_s,
+                )
             return state.client
 
     def _mark_unhealthy(self, state: _Server, error: str) -> None:
@@ -190,8 +213,13 @@ class LLMBalancer:
                 del self._pins[tid]
         state.pinned.clear()
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None, *,
-                       trajectory_id: str | None = None) -> GenerateResult:
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams | None = None,
+        *,
+        trajectory_id: str | None = None,
+    ) -> GenerateResult:
         """Generate on the trajectory's server (pinning it on first use), failing over on errors
         that mean the server is gone."""
         sampling = sampling or SamplingParams()

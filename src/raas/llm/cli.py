@@ -29,13 +29,16 @@ def serve(
     parallel: Annotated[int, typer.Option("--parallel", "-np", help="Request slots")] = 8,
     ctx_per_slot: Annotated[int, typer.Option(help="Context tokens per slot")] = 2048,
     threads: Annotated[int, typer.Option("--threads", "-t", help="CPU threads")] = 2,
-    model: Annotated[Path | None, typer.Option(help="GGUF file (default: embedded SmolLM2-135M-Instruct)")] = None,
+    model: Annotated[
+        Path | None, typer.Option(help="GGUF file (default: embedded SmolLM2-135M-Instruct)")
+    ] = None,
 ) -> None:
     """Run the embedded llama.cpp server in the foreground; prints its URL once /health is ok."""
     from raas.llm.embedded import EmbeddedServer
 
-    server = EmbeddedServer(model, port=port, host=host, parallel=parallel, ctx_per_slot=ctx_per_slot,
-                            threads=threads)
+    server = EmbeddedServer(
+        model, port=port, host=host, parallel=parallel, ctx_per_slot=ctx_per_slot, threads=threads
+    )
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -62,7 +65,9 @@ def serve(
 
 @llm_app.command("prepare")
 def prepare(
-    source: Annotated[Path | None, typer.Argument(help="GGUF file or HF model dir (default: embedded model)")] = None,
+    source: Annotated[
+        Path | None, typer.Argument(help="GGUF file or HF model dir (default: embedded model)")
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Output tokenizer dir")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if present")] = False,
 ) -> None:

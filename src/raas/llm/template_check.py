@@ -82,8 +82,10 @@ class TemplateReport:
             return f"OK: append-only == full render at all {self.steps} steps ({self.template_name})"
         lines = [f"DRIFT at {len(self.mismatches)} of {self.steps} steps ({self.template_name}):"]
         for m in self.mismatches:
-            lines.append(f"  step {m.step} after {m.after}: first difference at token {m.index} "
-                         f"(append-only {m.incremental_len} ids, full render {m.full_len} ids)")
+            lines.append(
+                f"  step {m.step} after {m.after}: first difference at token {m.index} "
+                f"(append-only {m.incremental_len} ids, full render {m.full_len} ids)"
+            )
             lines.append(f"    append-only: {m.incremental_text!r}")
             lines.append(f"    full render: {m.full_text!r}")
         return "\n".join(lines + [f"  note: {n}" for n in self.notes])
@@ -97,8 +99,14 @@ def _first_difference(a: list[int], b: list[int]) -> int:
     return n
 
 
-def check_template(tok: ChatTokenizer, *, server_returns_stop_token: bool = True, thinking: bool | None = None,
-                   tools: list[dict[str, Any]] | None = None, **template_kwargs: Any) -> TemplateReport:
+def check_template(
+    tok: ChatTokenizer,
+    *,
+    server_returns_stop_token: bool = True,
+    thinking: bool | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    **template_kwargs: Any,
+) -> TemplateReport:
     """Play the sample conversation append-only and compare with a full render after every step.
 
     ``server_returns_stop_token`` simulates a server that includes the stop token in its output
@@ -117,13 +125,23 @@ def check_template(tok: ChatTokenizer, *, server_returns_stop_token: bool = True
     def compare(after: str, add_generation_prompt: bool) -> None:
         nonlocal step
         step += 1
-        full = tok.apply_chat_template(conv.messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                       **template_kwargs)
+        full = tok.apply_chat_template(
+            conv.messages, tools=tools, add_generation_prompt=add_generation_prompt, **template_kwargs
+        )
         if full != conv.ids:
             i = _first_difference(conv.ids, full)
             lo = max(0, i - 8)
-            mismatches.append(Mismatch(step, after, i, len(conv.ids), len(full),
-                                       tok.decode(conv.ids[lo:i + 12]), tok.decode(full[lo:i + 12])))
+            mismatches.append(
+                Mismatch(
+                    step,
+                    after,
+                    i,
+                    len(conv.ids),
+                    len(full),
+                    tok.decode(conv.ids[lo : i + 12]),
+                    tok.decode(full[lo : i + 12]),
+                )
+            )
 
     compare("first prompt", True)
     for turn, text in enumerate(assistant_texts):
@@ -136,6 +154,12 @@ def check_template(tok: ChatTokenizer, *, server_returns_stop_token: bool = True
         if not last:
             conv.add_messages(later[turn])
             compare(f"{later[turn][0]['role']} message after turn {turn + 1}", True)
-    return TemplateReport(ok=not mismatches, template_name=tok.name, steps=step, mismatches=mismatches,
-                          notes=list(conv.notes), stop_token_ids=stop,
-                          closing=tok.closing_text("assistant", **template_kwargs))
+    return TemplateReport(
+        ok=not mismatches,
+        template_name=tok.name,
+        steps=step,
+        mismatches=mismatches,
+        notes=list(conv.notes),
+        stop_token_ids=stop,
+        closing=tok.closing_text("assistant", **template_kwargs),
+    )

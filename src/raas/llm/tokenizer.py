@@ -53,10 +53,16 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -66,8 +72,9 @@ def _strftime_now(fmt: str) -> str:
 @lru_cache(maxsize=32)
 def _compile(template: str) -> jinja2.Template:
     """Compile a chat template in the same sandboxed environment transformers uses."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -101,8 +108,15 @@ class Segment:
 class ChatTokenizer:
     """A tokenizer plus its chat template, loaded from a local dir without torch or transformers."""
 
-    def __init__(self, tokenizer: Tokenizer, chat_template: str, *, special_tokens: dict[str, str] | None = None,
-                 eos_token_ids: Sequence[int] = (), name: str = "") -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        chat_template: str,
+        *,
+        special_tokens: dict[str, str] | None = None,
+        eos_token_ids: Sequence[int] = (),
+        name: str = "",
+    ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.special_tokens = dict(special_tokens or {})
@@ -172,38 +186,67 @@ class ChatTokenizer:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     # -- rendering ---------------------------------------------------------------------------------
-    def render(self, messages: Sequence[Message], *, tools: Sequence[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = False, **template_kwargs: Any) -> str:
+    def render(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+        **template_kwargs: Any,
+    ) -> str:
         """Render messages with the chat template (what ``apply_chat_template(tokenize=False)`` does)."""
         msgs = list(messages)
         if tools and not self.supports_tools:
             msgs = _inject_tools(msgs, tools)
             tools = None
         try:
-            return self._template.render(messages=msgs, tools=list(tools) if tools else None,
-                                         add_generation_prompt=add_generation_prompt,
-                                         **self.special_tokens, **template_kwargs)
+            return self._template.render(
+                messages=msgs,
+                tools=list(tools) if tools else None,
+                add_generation_prompt=add_generation_prompt,
+                **self.special_tokens,
+                **template_kwargs,
+            )
         except jinja2.exceptions.TemplateError as exc:
             raise RaasError(f"chat template failed: {exc}", kind="bad_request") from exc
         except (TypeError, KeyError, AttributeError, IndexError) as exc:
             raise RaasError(f"chat template failed on these messages: {exc!r}", kind="bad_request") from exc
 
-    def apply_chat_template(self, messages: Sequence[Message], *, tools: Sequence[dict[str, Any]] | None = None,
-                            add_generation_prompt: bool = False, **template_kwargs: Any) -> list[int]:
+    def apply_chat_template(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+        **template_kwargs: Any,
+    ) -> list[int]:
         """Full render + tokenize: the reference an append-only conversation is checked against."""
-        return self.encode(self.render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                       **template_kwargs))
+        return self.encode(
+            self.render(messages, tools=tools, add_generation_prompt=add_generation_prompt, **template_kwargs)
+        )
 
-    def conversation(self, messages: Sequence[Message], *, tools: Sequence[dict[str, Any]] | None = None,
-                     add_generation_prompt: bool = True, **template_kwargs: Any) -> Conversation:
+    def conversation(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> Conversation:
         """Start an append-only conversation from its first messages (system, user, ...)."""
         _validate_messages(messages)
-        return Conversation(self, list(messages), tools=tools, add_generation_prompt=add_generation_prompt,
-                            template_kwargs=template_kwargs)
+        return Conversation(
+            self,
+            list(messages),
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            template_kwargs=template_kwargs,
+        )
 
     # -- template-derived boundaries ---------------------------------------------------------------
-    def closing_text(self, role: str, tools: Sequence[dict[str, Any]] | None = None,
-                     **template_kwargs: Any) -> str:
+    def closing_text(
+        self, role: str, tools: Sequence[dict[str, Any]] | None = None, **template_kwargs: Any
+    ) -> str:
         """Text the template emits after a message's content, e.g. ``<|im_end|>\\n`` for ChatML."""
         key = role if not template_kwargs and not tools else ""
         if key and key in self._closing_cache:
@@ -212,7 +255,7 @@ class ChatTokenizer:
         at = text.find(_MARK)
         if at < 0:
             raise RaasError(f"chat template drops the content of {role!r} messages", kind="bad_request")
-        closing = text[at + len(_MARK):]
+        closing = text[at + len(_MARK) :]
         if key:
             self._closing_cache[key] = closing
         return closing
@@ -294,9 +337,12 @@ class Conversation:
     _without: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        first = self.tokenizer.apply_chat_template(self.messages, tools=self.tools,
-                                                   add_generation_prompt=self.add_generation_prompt,
-                                                   **self.template_kwargs)
+        first = self.tokenizer.apply_chat_template(
+            self.messages,
+            tools=self.tools,
+            add_generation_prompt=self.add_generation_prompt,
+            **self.template_kwargs,
+        )
         self._append(first, "prompt", 0, None)
         self._open = self.add_generation_prompt
 
@@ -308,8 +354,14 @@ class Conversation:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def _append(self, ids: Sequence[int], source: str, mask: int, logprobs: Sequence[float] | None,
-                message_index: int | None = None) -> None:
+    def _append(
+        self,
+        ids: Sequence[int],
+        source: str,
+        mask: int,
+        logprobs: Sequence[float] | None,
+        message_index: int | None = None,
+    ) -> None:
         if not ids:
             return
         start = len(self.ids)
@@ -336,8 +388,9 @@ class Conversation:
                 overlap = k
                 break
         start = len(self.ids)
-        self._append(output, "sampled", 1, list(logprobs) if logprobs is not None else None,
-                     len(self.messages))
+        self._append(
+            output, "sampled", 1, list(logprobs) if logprobs is not None else None, len(self.messages)
+        )
         appended = closing_ids[overlap:]
         self._append(appended, "closing", 0, None, len(self.messages))
         content = tok.decode(output[: len(output) - overlap])
@@ -374,15 +427,18 @@ class Conversation:
         key = json.dumps(dummy, sort_keys=True)
         without = self._without.get(key)
         if without is None:
-            without = self._without[key] = tok.render(base, tools=self.tools, add_generation_prompt=False, **kwargs)
-        with_new = tok.render([*base, *new], tools=self.tools, add_generation_prompt=add_generation_prompt,
-                              **kwargs)
+            without = self._without[key] = tok.render(
+                base, tools=self.tools, add_generation_prompt=False, **kwargs
+            )
+        with_new = tok.render(
+            [*base, *new], tools=self.tools, add_generation_prompt=add_generation_prompt, **kwargs
+        )
         a, b = without.find(_MARK), with_new.find(_MARK)
         if a >= 0 and b >= 0:
-            closing = without[a + len(_MARK):]
-            tail = with_new[b + len(_MARK):]
+            closing = without[a + len(_MARK) :]
+            tail = with_new[b + len(_MARK) :]
             if tail.startswith(closing):
-                return tail[len(closing):]
+                return tail[len(closing) :]
         # The template renders the previous message differently once something follows it (e.g.
         # consecutive tool results grouped into one block). Append-only is still required, so render
         # the new messages as if they followed an assistant turn and say so.
@@ -392,12 +448,15 @@ class Conversation:
         )
         base = [*_DUMMY_PREFIX, _dummy_of({"role": "assistant"})]
         without = tok.render(base, tools=self.tools, add_generation_prompt=False, **kwargs)
-        with_new = tok.render([*base, *new], tools=self.tools, add_generation_prompt=add_generation_prompt,
-                              **kwargs)
+        with_new = tok.render(
+            [*base, *new], tools=self.tools, add_generation_prompt=add_generation_prompt, **kwargs
+        )
         if with_new.startswith(without):
-            return with_new[len(without):]
-        raise RaasError("cannot derive an append-only rendering of the new messages from the chat template",
-                        kind="bad_request")
+            return with_new[len(without) :]
+        raise RaasError(
+            "cannot derive an append-only rendering of the new messages from the chat template",
+            kind="bad_request",
+        )
 
     def loss_mask(self) -> list[int]:
         return list(self.mask)

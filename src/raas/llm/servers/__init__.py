@@ -55,4 +55,12 @@ def make_client(kind: str, address: str, http: httpx.AsyncClient, **kwargs: Any)
     return CLIENTS[kind](address, http, **kwargs)
 
 
-__all__ = ["CLIENTS", "LlamaCppClient", "SGLangClient", "ServerClient", "VLLMClient", "detect_kind", "make_client"]
+__all__ = [
+    "CLIENTS",
+    "LlamaCppClient",
+    "SGLangClient",
+    "ServerClient",
+    "VLLMClient",
+    "detect_kind",
+    "make_client",
+]

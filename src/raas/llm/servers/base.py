@@ -25,8 +25,16 @@ from raas.llm.types import (
 )
 
 # Phrases servers use when a prompt is too long (vLLM, SGLang, llama.cpp).
-_CONTEXT_PHRASES = ("maximum context length", "context length", "maximum model length", "exceeds the available context",
-                    "exceed_context_size", "longer than the model", "too long", "context window")
+_CONTEXT_PHRASES = (
+    "maximum context length",
+    "context length",
+    "maximum model length",
+    "exceeds the available context",
+    "exceed_context_size",
+    "longer than the model",
+    "too long",
+    "context window",
+)
 
 
 class ServerClient(ABC):
@@ -34,8 +42,15 @@ class ServerClient(ABC):
 
     kind: ClassVar[str] = ""
 
-    def __init__(self, address: str, http: httpx.AsyncClient, *, request_timeout_s: float = 600.0,
-                 retries: int = 2, backoff_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        address: str,
+        http: httpx.AsyncClient,
+        *,
+        request_timeout_s: float = 600.0,
+        retries: int = 2,
+        backoff_s: float = 0.2,
+    ) -> None:
         self.address = address.rstrip("/")
         self.http = http
         self.request_timeout_s = request_timeout_s
@@ -49,7 +64,9 @@ class ServerClient(ABC):
         """Model name and context length (per request slot)."""
 
     @abstractmethod
-    def build_request(self, prompt_ids: Sequence[int], sampling: SamplingParams, max_tokens: int) -> tuple[str, dict[str, Any]]:
+    def build_request(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, max_tokens: int
+    ) -> tuple[str, dict[str, Any]]:
         """(path, JSON body) of one generate request."""
 
     @abstractmethod
@@ -82,7 +99,8 @@ class ServerClient(ABC):
         room = ctx - prompt_len
         if room < 1:
             raise ContextWindowExceeded(
-                f"prompt of {prompt_len} tokens leaves no room in the {ctx}-token context of {self.address}")
+                f"prompt of {prompt_len} tokens leaves no room in the {ctx}-token context of {self.address}"
+            )
         return room if sampling.max_tokens is None else min(room, sampling.max_tokens)
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> GenerateResult:
@@ -102,7 +120,9 @@ class ServerClient(ABC):
         result.kind = self.kind
         result.prompt_tokens = result.prompt_tokens or len(prompt_ids)
         if len(result.logprobs) != len(result.output_ids):
-            raise LLMError(f"{self.address}: {len(result.logprobs)} logprobs for {len(result.output_ids)} tokens")
+            raise LLMError(
+                f"{self.address}: {len(result.logprobs)} logprobs for {len(result.output_ids)} tokens"
+            )
         return result
 
     async def post_json(self, path: str, body: dict[str, Any]) -> Any:
@@ -119,7 +139,9 @@ class ServerClient(ABC):
                 if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
                     last = f"{type(exc).__name__}"
                     continue
-                raise RaasError(f"{url}: no answer within {self.request_timeout_s:g}s", kind="timeout") from exc
+                raise RaasError(
+                    f"{url}: no answer within {self.request_timeout_s:g}s", kind="timeout"
+                ) from exc
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 continue
@@ -165,8 +187,8 @@ def _cut_at_stop(result: GenerateResult, stop_ids: Sequence[int]) -> None:
     for i, tid in enumerate(result.output_ids):
         if tid in stops:
             if i + 1 < len(result.output_ids):
-                del result.output_ids[i + 1:]
-                del result.logprobs[i + 1:]
+                del result.output_ids[i + 1 :]
+                del result.logprobs[i + 1 :]
                 result.finish_reason = "stop"
             return
 

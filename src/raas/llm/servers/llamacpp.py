@@ -23,11 +23,15 @@ class LlamaCppClient(ServerClient):
         props = await self.get_json("/props")
         settings = props.get("default_generation_settings") or {}
         n_ctx = settings.get("n_ctx") or props.get("n_ctx")
-        return ServerInfo(kind=self.kind, model=props.get("model_path") or props.get("model_alias"),
-                          context_length=int(n_ctx) if n_ctx else None)
+        return ServerInfo(
+            kind=self.kind,
+            model=props.get("model_path") or props.get("model_alias"),
+            context_length=int(n_ctx) if n_ctx else None,
+        )
 
-    def build_request(self, prompt_ids: Sequence[int], sampling: SamplingParams,
-                      max_tokens: int) -> tuple[str, dict[str, Any]]:
+    def build_request(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, max_tokens: int
+    ) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {
             "prompt": list(prompt_ids),
             "n_predict": max_tokens,
@@ -64,7 +68,10 @@ class LlamaCppClient(ServerClient):
         if timings.get("cache_n") is not None:
             cached = timings["cache_n"]
         return GenerateResult(
-            output_ids=tokens, logprobs=logprobs, finish_reason=_FINISH.get(stop_type, "stop"),
-            prompt_tokens=int(body.get("tokens_evaluated") or 0), cached_tokens=cached,
+            output_ids=tokens,
+            logprobs=logprobs,
+            finish_reason=_FINISH.get(stop_type, "stop"),
+            prompt_tokens=int(body.get("tokens_evaluated") or 0),
+            cached_tokens=cached,
             extra={"stop_type": stop_type, "timings": timings},
         )

@@ -30,10 +30,13 @@ class SGLangClient(ServerClient):
             except LLMError:
                 server = {}
             ctx = server.get("context_length") if isinstance(server, dict) else None
-        return ServerInfo(kind=self.kind, model=model.get("model_path"), context_length=int(ctx) if ctx else None)
+        return ServerInfo(
+            kind=self.kind, model=model.get("model_path"), context_length=int(ctx) if ctx else None
+        )
 
-    def build_request(self, prompt_ids: Sequence[int], sampling: SamplingParams,
-                      max_tokens: int) -> tuple[str, dict[str, Any]]:
+    def build_request(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, max_tokens: int
+    ) -> tuple[str, dict[str, Any]]:
         params: dict[str, Any] = {
             "max_new_tokens": max_tokens,
             "temperature": sampling.temperature,
@@ -47,8 +50,12 @@ class SGLangClient(ServerClient):
             params["stop_token_ids"] = list(sampling.stop_token_ids)
         if sampling.seed is not None:
             params["sampling_seed"] = sampling.seed
-        return "/generate", {"input_ids": list(prompt_ids), "sampling_params": params, "return_logprob": True,
-                             "stream": False}
+        return "/generate", {
+            "input_ids": list(prompt_ids),
+            "sampling_params": params,
+            "return_logprob": True,
+            "stream": False,
+        }
 
     def parse_response(self, body: Any) -> GenerateResult:
         if isinstance(body, list):  # batch form: one prompt sent, one answer expected
@@ -67,9 +74,14 @@ class SGLangClient(ServerClient):
             raise LLMError("SGLang output_ids disagree with output_token_logprobs")
         finish = meta.get("finish_reason") or {}
         ftype = finish.get("type") if isinstance(finish, dict) else str(finish)
-        return GenerateResult(output_ids=ids, logprobs=logprobs,
-                              finish_reason="length" if ftype == "length" else ("abort" if ftype == "abort" else "stop"),
-                              prompt_tokens=int(meta.get("prompt_tokens") or 0),
-                              cached_tokens=meta.get("cached_tokens"),
-                              extra={"weight_version": meta.get("weight_version"),
-                                     "matched": finish.get("matched") if isinstance(finish, dict) else None})
+        return GenerateResult(
+            output_ids=ids,
+            logprobs=logprobs,
+            finish_reason="length" if ftype == "length" else ("abort" if ftype == "abort" else "stop"),
+            prompt_tokens=int(meta.get("prompt_tokens") or 0),
+            cached_tokens=meta.get("cached_tokens"),
+            extra={
+                "weight_version": meta.get("weight_version"),
+                "matched": finish.get("matched") if isinstance(finish, dict) else None,
+            },
+        )

@@ -44,7 +44,9 @@ class VLLMClient(ServerClient):
 
     kind: ClassVar[str] = "vllm"
 
-    def __init__(self, address: str, http: httpx.AsyncClient, *, endpoint: str = "auto", **kwargs: Any) -> None:
+    def __init__(
+        self, address: str, http: httpx.AsyncClient, *, endpoint: str = "auto", **kwargs: Any
+    ) -> None:
         super().__init__(address, http, **kwargs)
         self.endpoint = endpoint
 
@@ -67,16 +69,29 @@ class VLLMClient(ServerClient):
             return False
         return r.status_code == 405
 
-    def build_request(self, prompt_ids: Sequence[int], sampling: SamplingParams,
-                      max_tokens: int) -> tuple[str, dict[str, Any]]:
+    def build_request(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, max_tokens: int
+    ) -> tuple[str, dict[str, Any]]:
         model = self.info.model if self.info else None
         if self.endpoint == "generate":
             params = _sampling_fields(sampling, max_tokens)
             params["logprobs"] = 0
-            return "/inference/v1/generate", {"model": model, "token_ids": list(prompt_ids),
-                                              "sampling_params": params, "stream": False}
-        body = {"model": model, "prompt": list(prompt_ids), "logprobs": 1, "return_token_ids": True,
-                "echo": False, "stream": False, "n": 1, **_sampling_fields(sampling, max_tokens)}
+            return "/inference/v1/generate", {
+                "model": model,
+                "token_ids": list(prompt_ids),
+                "sampling_params": params,
+                "stream": False,
+            }
+        body = {
+            "model": model,
+            "prompt": list(prompt_ids),
+            "logprobs": 1,
+            "return_token_ids": True,
+            "echo": False,
+            "stream": False,
+            "n": 1,
+            **_sampling_fields(sampling, max_tokens),
+        }
         return "/v1/completions", body
 
     def parse_response(self, body: Any) -> GenerateResult:
@@ -90,8 +105,11 @@ class VLLMClient(ServerClient):
         usage = body.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
         finish = choice.get("finish_reason") or "stop"
-        return GenerateResult(output_ids=ids, logprobs=logprobs,
-                              finish_reason="length" if finish == "length" else ("abort" if finish == "abort" else "stop"),
-                              prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                              cached_tokens=details.get("cached_tokens"),
-                              extra={"stop_reason": choice.get("stop_reason")})
+        return GenerateResult(
+            output_ids=ids,
+            logprobs=logprobs,
+            finish_reason="length" if finish == "length" else ("abort" if finish == "abort" else "stop"),
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            cached_tokens=details.get("cached_tokens"),
+            extra={"stop_reason": choice.get("stop_reason")},
+        )

@@ -231,6 +231,16 @@ async def test_stdin_eof_stops_server(bundle_dir: Path) -> None:
         srv.cleanup()
 
 
+async def test_watch_stdin_on_devnull_is_harmless(bundle_dir: Path) -> None:
+    srv = await start_server(bundle_dir, extra_args=("--watch-stdin",))  # stdin is /dev/null here
+    try:
+        async with ToolClient(srv.socket) as c:
+            assert (await c.bash("echo up")).output == "up\n"
+    finally:
+        assert await srv.stop() == 0
+        srv.cleanup()
+
+
 async def test_parent_death_stops_server(bundle_dir: Path, tmp_path: Path) -> None:
     """The server's parent dies without any cleanup: the server notices and cleans up after itself."""
     sock = str(Path("/tmp") / f"raas-pd-{os.getpid()}-{tmp_path.name[-6:]}.sock")
@@ -365,3 +375,25 @@ async def test_runs_on_python38(bundle_dir: Path) -> None:
         assert await srv.stop() == 0
         assert await wait_gone(srv.sandbox_id) == []
         srv.cleanup()
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def test_no_fd_or_file_leaks_across_restarts(fresh_server: RunningServer) -> None:
+    pid = fresh_server.proc.pid
+    tmp = fresh_server.base / "tmp"
+    async with ToolClient(fresh_server.socket) as c:
+        await c.bash("true")
+        await c.bash("true", session="other")
+        await c.bash_close("other")
+        fds, files = open_fds(pid), len(list(tmp.rglob("*")))
+        for i in range(10):
+            assert (await c.bash("exit 1")).restarted
+            await c.bash("true", session=f"tmp-{i}")
+            assert await c.bash_close(f"tmp-{i}")
+            r = await c.bash("sleep 30", timeout=0.2)
+            assert r.timed_out
+        assert open_fds(pid) == fds
+        assert len(list(tmp.rglob("*"))) == files  # one shell's command and rc file, one temp dir

@@ -185,7 +185,11 @@ class ToolServer:
                 assert self._stop is not None
                 self._stop.set()
 
-        loop.add_reader(0, on_stdin)
+        try:
+            loop.add_reader(0, on_stdin)
+        except (OSError, ValueError):
+            # stdin is a regular file or /dev/null (epoll refuses those): nothing to watch.
+            sys.stderr.write("raas_toolserver: --watch-stdin ignored, stdin is not a pipe or socket\n")
 
     async def _shutdown(self) -> None:
         if self._server is not None:

@@ -104,3 +104,16 @@ async def test_unavailable_without_ipykernel(bundle_dir: Path) -> None:
     finally:
         assert await srv.stop() == 0
         srv.cleanup()
+
+
+async def test_restart_op_clears_state(client: ToolClient) -> None:
+    await client.ipython("gone_after_restart = 1", timeout=60)
+    await client.ipython_restart()
+    r = await client.ipython("'gone_after_restart' in dir()", timeout=120)
+    assert r.result == "False" and not r.restarted
+
+
+async def test_output_is_capped(client: ToolClient) -> None:
+    r = await client.ipython("print('z' * 100000)\n'q' * 100000", timeout=60, output_cap=1000)
+    assert "bytes truncated" in r.stdout and len(r.stdout) < 1100
+    assert r.result is not None and "bytes truncated" in r.result and len(r.result) < 1100

@@ -118,6 +118,8 @@ class ToolClient:
                     error = RaasError(f"bad frame from the tool server: {exc.message}", kind="sandbox_dead")
                     break
                 req_id = msg.get("id")
+                if not isinstance(req_id, int | None):
+                    continue  # not an answer to anything we sent
                 if req_id is None:
                     # A connection-level refusal (e.g. an oversize frame): the server hangs up next.
                     err = msg.get("error") or {}

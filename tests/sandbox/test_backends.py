@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import shutil
 import signal
 import tarfile
 
@@ -204,3 +205,41 @@ async def test_close_owner_and_lease(sandbox_manager: SandboxManager, sandbox_co
     sandbox_manager.renew(b, 0.2)
     await asyncio.wait_for(b.wait_closed(), 60)
     assert b.closed and sandbox_manager.list() == []
+
+
+@ISOLATED
+async def test_bad_images_are_typed_errors(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig,
+                                           tmp_path_factory: pytest.TempPathFactory) -> None:
+    missing = sandbox_config.model_copy(update={"image": "/nonexistent/rootfs"})
+    with pytest.raises(RaasError) as e:
+        await sandbox_manager.start(missing, owner="t")
+    assert e.value.kind == "bad_request"
+    empty = tmp_path_factory.mktemp("empty-rootfs")
+    for d in ("tmp", "root", ".raas/lib", ".raas/run", "workspace"):
+        (empty / d).mkdir(parents=True)
+    no_python = sandbox_config.model_copy(update={"image": str(empty)})
+    with pytest.raises(RaasError) as e:
+        await sandbox_manager.start(no_python, owner="t")
+    assert e.value.kind == "sandbox_start_failed" and "before ready" in e.value.message
+    assert sandbox_manager.list() == []
+
+
+@ALL
+async def test_start_timeout_is_typed(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+    hurried = sandbox_config.model_copy(update={"start_timeout_s": 0.001})
+    with pytest.raises(RaasError) as e:
+        await sandbox_manager.start(hurried, owner="t")
+    assert e.value.kind == "sandbox_start_failed"
+    assert sandbox_manager.list() == []
+
+
+async def test_docker_when_an_engine_answers(sandbox_manager: SandboxManager) -> None:
+    """Runs only where a Docker engine answers (CI has none); RAAS_TEST_DOCKER_IMAGE needs python3."""
+    probe = await asyncio.create_subprocess_exec("docker", "info", stdout=asyncio.subprocess.DEVNULL,
+                                                 stderr=asyncio.subprocess.DEVNULL) \
+        if shutil.which("docker") else None
+    if probe is None or await probe.wait() != 0:
+        pytest.skip("no Docker engine answers here")
+    image = os.environ.get("RAAS_TEST_DOCKER_IMAGE", "python:3.12-slim")
+    async with sandbox_manager.sandbox(SandboxConfig(backend="docker", image=image), owner="t") as sb:
+        assert (await sb.tools.bash("echo hi")).output.strip() == "hi"

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from raas.errors import RaasError
-from raas.sandbox import SandboxConfig, backend_class
+from raas.sandbox import SandboxConfig, backend_class, config_from_dict
 from raas.sandbox.backends.apptainer import ApptainerSandbox
 from raas.sandbox.backends.bwrap import BwrapSandbox, bwrap_version
 from raas.sandbox.backends.docker import DockerSandbox, PodmanSandbox
@@ -55,6 +55,13 @@ def test_backend_factory_knows_every_name() -> None:
 def test_config_rejects_bad_input(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         SandboxConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_config_from_dict_is_typed() -> None:
+    assert config_from_dict({"backend": "bwrap", "network": True}).network is True
+    with pytest.raises(RaasError) as e:
+        config_from_dict({"backend": "bwrap", "memory_mb": "lots"})
+    assert e.value.kind == "bad_request"
 
 
 def test_local_command(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """raas.sandbox: run tool servers in sandboxes (local, bwrap, apptainer, docker/podman) and own them."""
 
-from raas.sandbox.base import Sandbox, SandboxConfig, backend_class
+from raas.sandbox.base import Sandbox, SandboxConfig, backend_class, config_from_dict
 from raas.sandbox.manager import SandboxManager
 
-__all__ = ["Sandbox", "SandboxConfig", "SandboxManager", "backend_class"]
+__all__ = ["Sandbox", "SandboxConfig", "SandboxManager", "backend_class", "config_from_dict"]

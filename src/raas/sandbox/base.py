@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from raas.errors import RaasError
 from raas.sandbox import procs
@@ -81,6 +81,14 @@ class SandboxConfig(BaseModel):
             if not k or "=" in k or "\0" in k or k == procs.ENV_KEY:
                 raise ValueError(f"invalid environment variable name {k!r}")
         return v
+
+
+def config_from_dict(data: dict[str, Any]) -> SandboxConfig:
+    """Validate user-supplied config data; a bad field is a ``bad_request``, not a pydantic error."""
+    try:
+        return SandboxConfig.model_validate(data)
+    except ValidationError as e:
+        raise RaasError(f"invalid sandbox config: {e}", kind="bad_request") from e
 
 
 def parse_bind(spec: str) -> tuple[str, str, bool]:

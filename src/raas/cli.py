@@ -86,8 +86,8 @@ def choose_sandbox(backend: str, image: str | None) -> dict[str, Any]:
 
 # -- in-process service -----------------------------------------------------------------------------------
 
-def _quiet_uvicorn(app_: Any) -> Any:
-    """A uvicorn server that leaves signal handling to its caller (``raas run`` owns Ctrl-C)."""
+def _quiet_uvicorn(app_: Any, **options: Any) -> Any:
+    """A uvicorn server that leaves signal handling to its caller, so raas decides how to wind down."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -95,7 +95,8 @@ def _quiet_uvicorn(app_: Any) -> Any:
         def capture_signals(self) -> Iterator[None]:
             yield
 
-    return Server(uvicorn.Config(app_, log_level="warning", lifespan="on", access_log=False))
+    settings: dict[str, Any] = {"log_level": "warning", "lifespan": "on", "access_log": False, **options}
+    return Server(uvicorn.Config(app_, **settings))
 
 
 @contextlib.asynccontextmanager
@@ -440,24 +441,31 @@ def serve(
             cfg = cfg.model_copy(update={"tokenizer_dir": default_tokenizer_dir()})
     except RaasError as e:
         raise _fail(e) from None
-    asyncio.run(_serve(cfg))
+    try:
+        asyncio.run(_serve(cfg))
+    except RaasError as e:
+        raise _fail(e) from None
 
 
 async def _serve(cfg: Any) -> None:
+    """Serve until SIGINT/SIGTERM, then drain: uvicorn stops, the app's lifespan shuts the service down."""
     import uvicorn
 
     from raas.api.app import create_app
     from raas.pipeline.service import RolloutService
 
     service = RolloutService(cfg)
-    await service.start()
+    server = _quiet_uvicorn(create_app(service), host=cfg.host, port=cfg.port, log_level="info")
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    console.print(f"raas serving on http://{cfg.host}:{cfg.port}")
     try:
-        server = uvicorn.Server(uvicorn.Config(create_app(service), host=cfg.host, port=cfg.port,
-                                               log_level="info", lifespan="on"))
-        console.print(f"raas serving on http://{cfg.host}:{cfg.port}")
         await server.serve()
     finally:
         await service.shutdown()
+    if not isinstance(server, uvicorn.Server) or not server.started:
+        raise RaasError(f"could not serve on {cfg.host}:{cfg.port} (see the log above)", kind="unavailable")
 
 
 @app.command()

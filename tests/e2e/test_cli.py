@@ -14,8 +14,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from tests.agent.scripted import EOS, tool_call
+from tests.doubles.scripted_llm import Completion, ScriptedLLM, replay
 
 from raas.cli import service_in_process
+from raas.llm.models import prepare_tokenizer
+from raas.llm.tokenizer import ChatTokenizer
 from raas.pipeline.config import ServiceConfig
 
 pytestmark = pytest.mark.e2e
@@ -62,7 +66,7 @@ def test_run_tiny_dataset_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "results.jsonl"
     mark = uuid.uuid4().hex
     proc = subprocess.run(
-        [*RAAS, "run", str(data), "--sandbox", "local", "--max-turns", "2", "--max-tokens", "24",
+        [*RAAS, "run", str(data), "--sandbox", "local", "--max-turns", "2", "--max-tokens", "16",
          "--n-samples", "2", "-o", str(out), "--json"],
         capture_output=True, text=True, timeout=600, env=marked_env(mark), cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -106,6 +110,67 @@ def test_run_interrupted_shuts_everything_down(tmp_path: Path) -> None:
             proc.wait()
     assert proc.returncode == 130, err[-3000:]
     assert "interrupted" in err
+    assert wait_gone(mark) == []
+
+
+async def test_run_against_a_running_server_scores_with_math_verify(tmp_path: Path) -> None:
+    """``raas run --server``: a scripted policy always submits 5; the dataset's truths are 5 and 6."""
+    import asyncio
+
+    tok = ChatTokenizer.from_pretrained(prepare_tokenizer())
+    answer = Completion.of_text(tool_call("finish", answer="5"), encode=tok.encode, eos_id=EOS)
+    data = tmp_path / "two.jsonl"
+    data.write_text(json.dumps({"problem": "2 + 3?", "answer": "5"}) + "\n"
+                    + json.dumps({"problem": "2 + 4?", "answer": "6"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    async with ScriptedLLM(replay([answer], cycle=True)) as llm:
+        config = ServiceConfig(state_dir=tmp_path / "svc", sandbox={"backend": "local"}, llm_servers=[llm.url],
+                               tokenizer_dir=prepare_tokenizer(), shutdown_grace_s=0.0)
+        async with service_in_process(config) as url:
+            proc = await asyncio.create_subprocess_exec(
+                *RAAS, "run", str(data), "--server", url, "--max-turns", "3", "-o", str(out), "--json",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            stdout, stderr = await asyncio.wait_for(proc.communicate(), 300)
+    assert proc.returncode == 0, stderr.decode()[-3000:]
+    summary = json.loads(stdout.decode().strip().splitlines()[-1])
+    assert summary["reward_mean"] == 0.5 and summary["pass_rate"] == 0.5
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["reward"] for r in rows] == [1.0, 0.0]
+    assert all(r["turns"][0]["output_ids"] == answer.token_ids for r in rows)
+
+
+def test_serve_starts_and_stops_on_sigterm(tmp_path: Path) -> None:
+    import httpx
+
+    from raas.llm.embedded import free_port
+
+    port = free_port()
+    mark = uuid.uuid4().hex
+    env = marked_env(mark)
+    env["RAAS_HOME"] = str(tmp_path / "home")
+    env["RAAS_IMAGE_CACHE"] = os.environ.get("RAAS_IMAGE_CACHE", str(Path.home() / ".cache/raas/images"))
+    proc = subprocess.Popen(
+        [*RAAS, "serve", "--port", str(port), "--sandbox", "local", "--tokenizer", str(prepare_tokenizer())],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        ok = False
+        while time.monotonic() < deadline and proc.poll() is None and not ok:
+            try:
+                ok = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        assert ok, proc.communicate(timeout=10)[1][-3000:] if proc.poll() is not None else "no /healthz"
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/jobs", json={"instance": {"data_source": "nope"}}, timeout=5)
+        assert r.status_code == 400 and r.json()["error"]["kind"] == "bad_request"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    assert (tmp_path / "home" / "service" / "ledger.sqlite3").exists()
     assert wait_gone(mark) == []
 
 

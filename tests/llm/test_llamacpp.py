@@ -131,3 +131,18 @@ async def test_empty_prompt_and_bad_sampling_are_bad_requests(
     with pytest.raises(RaasError) as err:
         SamplingParams.parse({"nucleus": 0.5})
     assert err.value.kind == "bad_request"
+
+
+async def test_stop_token_ids_end_the_output_on_llamacpp(
+    llama_url: str, http: httpx.AsyncClient, smol: ChatTokenizer
+) -> None:
+    """llama.cpp has no stop-token-ID option: the client cuts after the first stop ID it sees."""
+    client = LlamaCppClient(llama_url, http)
+    prompt = smol.conversation([{"role": "user", "content": "Name three colours."}]).prompt_ids
+    greedy = await client.generate(prompt, SamplingParams(max_tokens=8, temperature=0.0))
+    assert len(greedy.output_ids) >= 3
+    stop = greedy.output_ids[2]
+    cut = await client.generate(prompt, SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=(stop,)))
+    first = greedy.output_ids.index(stop)
+    assert cut.output_ids == greedy.output_ids[: first + 1] and cut.finish_reason == "stop"
+    assert len(cut.logprobs) == len(cut.output_ids)

@@ -186,10 +186,9 @@ def _cut_at_stop(result: GenerateResult, stop_ids: Sequence[int]) -> None:
     stops = set(stop_ids)
     for i, tid in enumerate(result.output_ids):
         if tid in stops:
-            if i + 1 < len(result.output_ids):
-                del result.output_ids[i + 1 :]
-                del result.logprobs[i + 1 :]
-                result.finish_reason = "stop"
+            del result.output_ids[i + 1 :]
+            del result.logprobs[i + 1 :]
+            result.finish_reason = "stop"
             return
 
 

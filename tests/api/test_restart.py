@@ -14,6 +14,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,8 +123,30 @@ def test_sigkill_and_restart(service_dir: Path) -> None:
         assert retried["status"] == "completed" and retried["reward"] == 1.0
         assert client.get("/v1/jobs/retry").json()["attempts"] == 2
 
+        # An open event stream must end cleanly when the service stops (not be cut when the server's
+        # graceful-shutdown timeout runs out, which a client sees as a broken chunked response).
+        stream_outcome: list[str] = []
+        connected = threading.Event()
+
+        def follow_events() -> None:
+            try:
+                with httpx.stream("GET", svc.url + "/v1/events", timeout=120) as r:
+                    for line in r.iter_lines():
+                        if line.startswith(": connected"):
+                            connected.set()
+                stream_outcome.append("ended")
+            except httpx.HTTPError as exc:
+                stream_outcome.append(f"broken: {exc!r}")
+            finally:
+                connected.set()
+
+        follower = threading.Thread(target=follow_events)
+        follower.start()
+        assert connected.wait(30)
         # Graceful stop of the restarted service (uvicorn re-raises SIGTERM after its shutdown completes).
         assert svc.kill(signal.SIGTERM) in (0, -signal.SIGTERM)
+        follower.join(60)
+        assert stream_outcome == ["ended"]
     finally:
         client.close()
         if svc.proc is not None and svc.proc.poll() is None:

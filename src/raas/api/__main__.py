@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 from pathlib import Path
 
-import uvicorn
-
-from raas.api.app import create_app
+from raas.api.app import serve
 from raas.errors import RaasError
 from raas.pipeline.config import ServiceConfig
 from raas.pipeline.service import RolloutService
@@ -54,9 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = build_config(args)
-    app = create_app(RolloutService(config))
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=False,
-                timeout_graceful_shutdown=int(config.shutdown_grace_s) + 30)
+    asyncio.run(serve(RolloutService(config), log_level=args.log_level))
 
 
 if __name__ == "__main__":

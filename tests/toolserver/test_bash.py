@@ -246,3 +246,20 @@ async def test_session_limit(bundle_dir: Path) -> None:
     finally:
         assert await srv.stop() == 0
         srv.cleanup()
+
+
+async def test_shell_killed_mid_command_is_restarted(client: ToolClient, session_name: str) -> None:
+    await client.bash("STATE=old", session=session_name)
+    r = await client.bash("echo dying; kill -9 $$", session=session_name, timeout=30)
+    assert r.restarted and r.exit_code is None and not r.timed_out
+    assert r.output.startswith("dying")
+    r = await client.bash("echo ${STATE:-new}", session=session_name)
+    assert r.output == "new\n" and not r.restarted
+
+
+async def test_interactive_program_waiting_for_input(client: ToolClient, session_name: str) -> None:
+    # A REPL survives Ctrl-C (KeyboardInterrupt) and needs its process group killed.
+    r = await client.bash("python3 -i -q", session=session_name, timeout=1)
+    assert r.timed_out and not r.restarted
+    r = await client.bash("echo back", session=session_name)
+    assert r.output == "back\n"

@@ -187,3 +187,4 @@ async def test_no_servers_and_bad_addresses() -> None:
             await bal.generate([1], SHORT)
         bal.remove("http://127.0.0.1:9")
         assert bal.servers() == []
+    assert bal.http.is_closed  # the balancer owns and closes its HTTP client

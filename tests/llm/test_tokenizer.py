@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from raas.errors import RaasError
-from raas.llm.template_check import SAMPLE_TOOLS
+from raas.llm.template_check import SAMPLE_TOOLS, check_template
 from raas.llm.tokenizer import ChatTokenizer
 
 pytestmark = pytest.mark.unit
@@ -202,3 +202,19 @@ def test_prepare_from_a_plain_hf_model_dir(smol_dir: Path, tmp_path: Path, templ
     (src / "chat_template.jinja").unlink(missing_ok=True)
     with pytest.raises(RaasError, match="no chat template"):
         prepare_tokenizer(src, tmp_path / "y", force=True)
+
+
+def test_generation_blocks_of_training_templates_render_their_body(smol_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_text((smol_dir / "tokenizer.json").read_text())
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}{% generation %}"
+        "{{ m.content }}<|im_end|>\n{% endgeneration %}{% else %}{{ m.content }}<|im_end|>\n{% endif %}"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": template, "eos_token": "<|im_end|>"})
+    )
+    tok = ChatTokenizer.from_pretrained(tmp_path)
+    text = tok.render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
+    assert check_template(tok).ok

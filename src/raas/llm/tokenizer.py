@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
@@ -69,11 +72,22 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _GenerationBlock(Extension):
+    """``{% generation %}...{% endgeneration %}`` (training templates mark assistant spans with it):
+    rendered as its body; raas derives its loss mask from what was sampled, not from the template."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Parser) -> list[nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 @lru_cache(maxsize=32)
 def _compile(template: str) -> jinja2.Template:
     """Compile a chat template in the same sandboxed environment transformers uses."""
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationBlock]
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception

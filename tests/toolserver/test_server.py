@@ -397,3 +397,23 @@ async def test_no_fd_or_file_leaks_across_restarts(fresh_server: RunningServer) 
             assert r.timed_out
         assert open_fds(pid) == fds
         assert len(list(tmp.rglob("*"))) == files  # one shell's command and rc file, one temp dir
+
+
+async def test_unbindable_socket_fails_cleanly(bundle_dir: Path, tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(bundle_dir), TMPDIR=str(tmp_path))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "raas_toolserver",
+        "--socket",
+        str(tmp_path / "missing" / "tool.sock"),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    async with asyncio.timeout(30):
+        out, err = await proc.communicate()
+    assert proc.returncode == 2 and out == b""
+    assert b"cannot serve on" in err and b"Traceback" not in err
+    assert os.listdir(tmp_path) == []

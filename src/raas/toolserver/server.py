@@ -416,6 +416,10 @@ def main(argv: Optional[list] = None) -> int:
         code = asyncio.run(server.serve())
     except KeyboardInterrupt:
         code = 0
+    except OSError as exc:
+        # Typically the socket cannot be bound (missing directory, path too long, permissions).
+        sys.stderr.write("raas_toolserver: cannot serve on %s: %s\n" % (args.socket, exc))
+        code = 2
     sys.stderr.flush()
     # Kernel client threads (zmq) must not hold up the exit; everything we own is already gone.
     os._exit(code)

@@ -70,10 +70,15 @@ class BenchHandler(TaskHandler):
         if env.sandbox is not None and job.instance.get("bash", True):
             await env.sandbox.tools.bash("echo ok")
         llm.balancer.release(job.trajectory_id)
-        return RunOutput(token_trajectory=TokenTrajectory(prompt_ids=[1, 2, 3, 4], response_ids=response,
-                                                          loss_mask=[1] * len(response),
-                                                          logprobs=[0.0] * len(response)),
-                         finish_reason="finish_tool")
+        return RunOutput(
+            token_trajectory=TokenTrajectory(
+                prompt_ids=[1, 2, 3, 4],
+                response_ids=response,
+                loss_mask=[1] * len(response),
+                logprobs=[0.0] * len(response),
+            ),
+            finish_reason="finish_tool",
+        )
 
     async def eval(self, job: Job, env: Env) -> EvalOutput:
         if job.instance.get("eval_s"):
@@ -101,8 +106,15 @@ def default_bwrap_image() -> str | None:
 
 
 async def make_service(state: Path, balancer: Any, sandbox: dict[str, Any], **cfg: Any) -> RolloutService:
-    config = ServiceConfig(state_dir=state, sandbox=sandbox, shutdown_grace_s=0.0, max_pending=100_000,
-                           result_ttl_s=None, max_results=None, **cfg)
+    config = ServiceConfig(
+        state_dir=state,
+        sandbox=sandbox,
+        shutdown_grace_s=0.0,
+        max_pending=100_000,
+        result_ttl_s=None,
+        max_results=None,
+        **cfg,
+    )
     service = RolloutService(config, balancer=balancer)
     await service.start()
     return service
@@ -128,11 +140,21 @@ async def overhead(root: Path, n: dict[str, int], bwrap_image: str | None) -> di
             out["bwrap"] = {"skipped": "no rootfs image (build one with `raas image build`)"}
         for name, sandbox in variants:
             state = root / f"overhead-{name}"
-            service = await make_service(state, balancer, sandbox or {"backend": "local"},
-                                         init_workers=4, run_workers=8, eval_workers=4)
+            service = await make_service(
+                state,
+                balancer,
+                sandbox or {"backend": "local"},
+                init_workers=4,
+                run_workers=8,
+                eval_workers=4,
+            )
             try:
-                instance = {"data_source": BenchHandler.name, "sandbox": sandbox is not None, "turns": 1,
-                            "tokens": 8}
+                instance = {
+                    "data_source": BenchHandler.name,
+                    "sandbox": sandbox is not None,
+                    "turns": 1,
+                    "tokens": 8,
+                }
                 await run_all(service, [instance] * 5)  # warm-up (bundle build, connections)
                 count = n[name]
                 t0 = time.perf_counter()
@@ -147,7 +169,9 @@ async def overhead(root: Path, n: dict[str, int], bwrap_image: str | None) -> di
                     totals.append(t.total_s)
                     inits.append(t.init_s)
                 out[name] = {
-                    "rollouts": count, "completed": ok, "wall_s": round(wall, 3),
+                    "rollouts": count,
+                    "completed": ok,
+                    "wall_s": round(wall, 3),
                     "rollouts_per_s": round(ok / wall, 1),
                     "added_latency_ms_p50": round(statistics.median(added) * 1e3, 3),
                     "added_latency_ms_p99": round(pct(added, 0.99) * 1e3, 3),
@@ -170,9 +194,17 @@ def lognormal(rng: random.Random, median: float, sigma: float) -> float:
 
 def decoupling_jobs(n: int, p: dict[str, Any], seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
-    return [{"data_source": BenchHandler.name, "sandbox": False, "turns": p["turns"], "tokens": p["tokens"],
-             "init_s": lognormal(rng, p["init_median_s"], p["sigma"]),
-             "eval_s": lognormal(rng, p["eval_median_s"], p["sigma"])} for _ in range(n)]
+    return [
+        {
+            "data_source": BenchHandler.name,
+            "sandbox": False,
+            "turns": p["turns"],
+            "tokens": p["tokens"],
+            "init_s": lognormal(rng, p["init_median_s"], p["sigma"]),
+            "eval_s": lognormal(rng, p["eval_median_s"], p["sigma"]),
+        }
+        for _ in range(n)
+    ]
 
 
 class Window:
@@ -196,17 +228,25 @@ class Window:
     def report(self) -> dict[str, float]:
         assert self.stats is not None
         span = self.t_hi - self.t_lo
-        return {"llm_utilization": round(self.stats["utilization"], 4),
-                "rollouts_per_s": round((self.hi - self.lo) / span, 2), "window_s": round(span, 2)}
+        return {
+            "llm_utilization": round(self.stats["utilization"], 4),
+            "rollouts_per_s": round((self.hi - self.lo) / span, 2),
+            "window_s": round(span, 2),
+        }
 
 
 async def decoupled_run(root: Path, jobs: list[dict[str, Any]], p: dict[str, Any]) -> dict[str, Any]:
     async with ScriptedLLM(fixed(p["tokens"]), capacity=p["capacity"], tokens_per_s=p["tokens_per_s"]) as llm:
         balancer = LLMBalancer(health_interval_s=0)
         balancer.add(llm.url)
-        service = await make_service(root / "decoupled", balancer, {"backend": "local"},
-                                     init_workers=p["raas_workers"]["init"], run_workers=p["raas_workers"]["run"],
-                                     eval_workers=p["raas_workers"]["eval"])
+        service = await make_service(
+            root / "decoupled",
+            balancer,
+            {"backend": "local"},
+            init_workers=p["raas_workers"]["init"],
+            run_workers=p["raas_workers"]["run"],
+            eval_workers=p["raas_workers"]["eval"],
+        )
         window = Window(llm, len(jobs))
         try:
             async with service.events() as sub:
@@ -221,7 +261,11 @@ async def decoupled_run(root: Path, jobs: list[dict[str, Any]], p: dict[str, Any
         finally:
             await service.shutdown(0)
             await balancer.aclose()
-        return {**window.report(), "total_wall_s": round(wall, 2), "max_active_sequences": llm.stats()["max_active"]}
+        return {
+            **window.report(),
+            "total_wall_s": round(wall, 2),
+            "max_active_sequences": llm.stats()["max_active"],
+        }
 
 
 async def coupled_run(root: Path, jobs: list[dict[str, Any]], p: dict[str, Any]) -> dict[str, Any]:
@@ -259,28 +303,43 @@ async def coupled_run(root: Path, jobs: list[dict[str, Any]], p: dict[str, Any])
         wall = time.perf_counter() - t0
         await balancer.aclose()
         await manager.close_all()
-        return {**window.report(), "total_wall_s": round(wall, 2), "max_active_sequences": llm.stats()["max_active"]}
+        return {
+            **window.report(),
+            "total_wall_s": round(wall, 2),
+            "max_active_sequences": llm.stats()["max_active"],
+        }
 
 
 async def decoupling(root: Path, n_jobs: int) -> dict[str, Any]:
-    p: dict[str, Any] = {"capacity": 8, "tokens_per_s": 100.0, "turns": 3, "tokens": 20,
-                         "init_median_s": 0.2, "eval_median_s": 0.5, "sigma": 0.8, "total_workers": 22,
-                         "raas_workers": {"init": 4, "run": 9, "eval": 9}}
+    p: dict[str, Any] = {
+        "capacity": 8,
+        "tokens_per_s": 100.0,
+        "turns": 3,
+        "tokens": 20,
+        "init_median_s": 0.2,
+        "eval_median_s": 0.5,
+        "sigma": 0.8,
+        "total_workers": 22,
+        "raas_workers": {"init": 4, "run": 9, "eval": 9},
+    }
     assert sum(p["raas_workers"].values()) == p["total_workers"]
     jobs = decoupling_jobs(n_jobs, p, seed=7)
     raas = await decoupled_run(root, jobs, p)
     coupled = await coupled_run(root, jobs, p)
-    return {"params": {**p, "jobs": n_jobs,
-                       "llm_s_per_job": p["turns"] * p["tokens"] / p["tokens_per_s"]},
-            "raas": raas, "coupled": coupled}
+    return {
+        "params": {**p, "jobs": n_jobs, "llm_s_per_job": p["turns"] * p["tokens"] / p["tokens_per_s"]},
+        "raas": raas,
+        "coupled": coupled,
+    }
 
 
 # -- 3. rss ------------------------------------------------------------------------------------------------
 
 
 async def rss(root: Path, total: int) -> dict[str, Any]:
-    service = await make_service(root / "rss", None, {"backend": "local"}, init_workers=4, run_workers=8,
-                                 eval_workers=4)
+    service = await make_service(
+        root / "rss", None, {"backend": "local"}, init_workers=4, run_workers=8, eval_workers=4
+    )
     instance = {"data_source": BenchHandler.name, "sandbox": False, "turns": 0}
     series: list[tuple[int, float]] = [(0, round(rss_mb(), 1))]
     done = 0
@@ -296,9 +355,14 @@ async def rss(root: Path, total: int) -> dict[str, Any]:
         await service.shutdown(0)
     wall = time.perf_counter() - t0
     warm = next((mb for n, mb in series if n >= total // 5), series[0][1])
-    return {"rollouts": total, "rollouts_per_s": round(total / wall, 1), "rss_mb_series": series,
-            "rss_mb_after_warmup": warm, "rss_mb_end": series[-1][1],
-            "growth_after_warmup_mb": round(series[-1][1] - warm, 1)}
+    return {
+        "rollouts": total,
+        "rollouts_per_s": round(total / wall, 1),
+        "rss_mb_series": series,
+        "rss_mb_after_warmup": warm,
+        "rss_mb_end": series[-1][1],
+        "growth_after_warmup_mb": round(series[-1][1] - warm, 1),
+    }
 
 
 # -- main --------------------------------------------------------------------------------------------------
@@ -307,14 +371,22 @@ async def rss(root: Path, total: int) -> dict[str, Any]:
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     registry.register(BenchHandler, replace=True)
     only = set(args.only.split(",")) if args.only else {"overhead", "decoupling", "rss"}
-    result: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                          "platform": platform.platform()},
-                              "quick": args.quick}
+    result: dict[str, Any] = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "quick": args.quick,
+    }
     with tempfile.TemporaryDirectory(prefix="raas-bench-") as tmp:
         root = Path(tmp)
         if "overhead" in only:
-            sizes = {"none": 100, "local": 40, "bwrap": 20} if args.quick else {"none": 2000, "local": 300,
-                                                                                   "bwrap": 200}
+            sizes = (
+                {"none": 100, "local": 40, "bwrap": 20}
+                if args.quick
+                else {"none": 2000, "local": 300, "bwrap": 200}
+            )
             result["overhead"] = await overhead(root, sizes, args.bwrap_image)
         if "decoupling" in only:
             d = await decoupling(root, args.jobs or (60 if args.quick else 400))

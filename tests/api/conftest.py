@@ -37,8 +37,9 @@ class Served:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            app, lifespan="on", log_level="warning", access_log=False, timeout_graceful_shutdown=5
+        )
         self.server = uvicorn.Server(config)
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self.task: asyncio.Task[None] | None = None
@@ -62,8 +63,9 @@ APIFactory = Callable[..., Awaitable[LiveAPI]]
 
 
 @pytest.fixture
-async def make_api(tmp_path: Path, script_handler: Any, monkeypatch: pytest.MonkeyPatch
-                   ) -> AsyncIterator[APIFactory]:
+async def make_api(
+    tmp_path: Path, script_handler: Any, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[APIFactory]:
     """``await make_api(**config)``: a live service over HTTP; stopped and leak-checked at teardown."""
     monkeypatch.delenv("RAAS_API_TOKEN", raising=False)
     made: list[tuple[Served, LiveAPI]] = []

@@ -33,8 +33,21 @@ async def test_submit_poll_long_poll_and_result(make_api: APIFactory) -> None:
     assert r.status_code == 200
     body = r.json()
     assert body["status"] == "completed" and body["reward"] == 1.0 and body["filter"] is False
-    assert set(body) == {"job_id", "instance_id", "trajectory_id", "status", "reward", "resolved", "error",
-                         "filter", "messages", "turns", "token_trajectory", "artifacts", "timing"}
+    assert set(body) == {
+        "job_id",
+        "instance_id",
+        "trajectory_id",
+        "status",
+        "reward",
+        "resolved",
+        "error",
+        "filter",
+        "messages",
+        "turns",
+        "token_trajectory",
+        "artifacts",
+        "timing",
+    }
     assert set(body["timing"]) == {"queue_s", "init_s", "run_s", "eval_s", "total_s"}
     assert body["timing"]["run_s"] >= 0.5
     info = (await c.get("/v1/jobs/job-a")).json()
@@ -44,8 +57,9 @@ async def test_submit_poll_long_poll_and_result(make_api: APIFactory) -> None:
 async def test_batch_and_cancel(make_api: APIFactory) -> None:
     api = await make_api()
     c = api.client
-    r = await c.post("/v1/jobs:batch", json={"jobs": [{"instance": script(run={"sleep": 60})},
-                                                      {"instance": script()}]})
+    r = await c.post(
+        "/v1/jobs:batch", json={"jobs": [{"instance": script(run={"sleep": 60})}, {"instance": script()}]}
+    )
     assert r.status_code == 202
     slow, quick = (j["job_id"] for j in r.json()["jobs"])
     assert (await c.get(f"/v1/jobs/{quick}/result", params={"wait": 30})).json()["status"] == "completed"
@@ -54,7 +68,9 @@ async def test_batch_and_cancel(make_api: APIFactory) -> None:
     result = (await c.get(f"/v1/jobs/{slow}/result")).json()
     assert result["status"] == "cancelled" and result["reward"] is None and result["filter"] is True
     assert result["error"] == {"stage": "run", "kind": "cancelled", "message": "cancelled by request"}
-    r = await c.post("/v1/jobs:batch", json={"jobs": [{"instance": script()}, {"instance": {"data_source": "zz"}}]})
+    r = await c.post(
+        "/v1/jobs:batch", json={"jobs": [{"instance": script()}, {"instance": {"data_source": "zz"}}]}
+    )
     assert r.status_code == 400 and "jobs[1]" in r.json()["detail"]
 
 
@@ -90,11 +106,23 @@ async def test_backpressure_answers_429_with_retry_after(make_api: APIFactory) -
         ("POST", "/v1/jobs", b"{not json", 422, "json"),
         ("POST", "/v1/jobs", {"instance": "x"}, 422, "instance"),
         ("POST", "/v1/jobs", {"instance": {"data_source": 5}}, 422, "data_source"),
-        ("POST", "/v1/jobs", {"instance": {"data_source": "test.script"}, "timeout_s": "soon"}, 422, "timeout_s"),
+        (
+            "POST",
+            "/v1/jobs",
+            {"instance": {"data_source": "test.script"}, "timeout_s": "soon"},
+            422,
+            "timeout_s",
+        ),
         ("POST", "/v1/jobs", {"instance": {"data_source": "test.script"}, "surprise": 1}, 422, "surprise"),
         ("POST", "/v1/jobs", {"instance": {"data_source": "no-such-task"}}, 400, "no-such-task"),
         ("POST", "/v1/jobs", {"instance": {"data_source": "test.script", "run": 3}}, 400, "instance.run"),
-        ("POST", "/v1/jobs", {"instance": {"data_source": "test.script"}, "job_id": "bad id/"}, 422, "job_id"),
+        (
+            "POST",
+            "/v1/jobs",
+            {"instance": {"data_source": "test.script"}, "job_id": "bad id/"},
+            422,
+            "job_id",
+        ),
         ("GET", "/v1/jobs/unknown-job", None, 404, "unknown-job"),
         ("GET", "/v1/jobs/unknown-job/result", None, 404, "unknown-job"),
         ("DELETE", "/v1/jobs/unknown-job", None, 404, "unknown-job"),
@@ -103,8 +131,9 @@ async def test_backpressure_answers_429_with_retry_after(make_api: APIFactory) -
         ("POST", "/v1/llm/servers", {"address": "ftp://x"}, 400, "http"),
     ],
 )
-async def test_bad_input_gets_a_clear_4xx(make_api: APIFactory, method: str, path: str, body: object,
-                                          status: int, phrase: str) -> None:
+async def test_bad_input_gets_a_clear_4xx(
+    make_api: APIFactory, method: str, path: str, body: object, status: int, phrase: str
+) -> None:
     api = await make_api()
     content = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
     r = await api.client.request(method, path, content=content, headers={"content-type": "application/json"})
@@ -200,10 +229,26 @@ async def test_llm_server_down_fails_the_job_typed(make_api: APIFactory) -> None
 async def test_openapi_is_published(make_api: APIFactory) -> None:
     api = await make_api()
     spec = (await api.client.get("/openapi.json")).json()
-    for path in ("/v1/jobs", "/v1/jobs:batch", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/result", "/v1/events",
-                 "/v1/llm/servers", "/v1/llm/servers:clear", "/v1/llm:pause", "/v1/llm:resume", "/healthz",
-                 "/status", "/metrics", "/process", "/start", "/stop", "/cancel", "/add_llm_server",
-                 "/clear_llm_server"):
+    for path in (
+        "/v1/jobs",
+        "/v1/jobs:batch",
+        "/v1/jobs/{job_id}",
+        "/v1/jobs/{job_id}/result",
+        "/v1/events",
+        "/v1/llm/servers",
+        "/v1/llm/servers:clear",
+        "/v1/llm:pause",
+        "/v1/llm:resume",
+        "/healthz",
+        "/status",
+        "/metrics",
+        "/process",
+        "/start",
+        "/stop",
+        "/cancel",
+        "/add_llm_server",
+        "/clear_llm_server",
+    ):
         assert path in spec["paths"], path
 
 

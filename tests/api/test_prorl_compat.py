@@ -35,7 +35,9 @@ class ProRLTrainerClient:
     def __init__(self, base: str) -> None:
         self.base = base
 
-    async def _post(self, path: str, payload: dict[str, Any] | None = None, limit_s: float = 60) -> httpx.Response:
+    async def _post(
+        self, path: str, payload: dict[str, Any] | None = None, limit_s: float = 60
+    ) -> httpx.Response:
         async with httpx.AsyncClient(timeout=limit_s) as session:
             return await session.post(self.base + path, json=payload)
 
@@ -58,8 +60,12 @@ class ProRLTrainerClient:
     async def cancel(self, job_id: str) -> httpx.Response:
         return await self._post("/cancel", {"job_id": job_id})
 
-    async def process_request(self, instance: dict[str, Any], sampling_params: dict[str, Any] | None = None,
-                              job_id: str | None = None) -> httpx.Response:
+    async def process_request(
+        self,
+        instance: dict[str, Any],
+        sampling_params: dict[str, Any] | None = None,
+        job_id: str | None = None,
+    ) -> httpx.Response:
         payload: dict[str, Any] = {"instance": instance, "sampling_params": sampling_params or {}}
         if job_id is not None:
             payload["job_id"] = job_id
@@ -67,12 +73,27 @@ class ProRLTrainerClient:
 
 
 # The README's example instance, routed to the test-double handler (whose RUN asks the policy for tokens).
-INSTANCE = {"data_source": "test.script", "instance_id": "repo__issue__hash", "trajectory_id": "t0", "patch": "",
-            "metadata": {}, "run": {"generate": [11, 12, 13], "max_tokens": 5}}
+INSTANCE = {
+    "data_source": "test.script",
+    "instance_id": "repo__issue__hash",
+    "trajectory_id": "t0",
+    "patch": "",
+    "metadata": {},
+    "run": {"generate": [11, 12, 13], "max_tokens": 5},
+}
 # The sampling params of the reference's token-level test: LLM settings mixed with agent settings.
-SAMPLING = {"model": "hosted_vllm/Qwen/Qwen3-8B", "api_key": "mykey", "modify_params": False,
-            "native_tool_calling": True, "temperature": 0.6, "top_p": 0.9, "max_iterations": 35,
-            "token_level_generation": True, "max_output_tokens": 4096, "max_model_len": 32768}
+SAMPLING = {
+    "model": "hosted_vllm/Qwen/Qwen3-8B",
+    "api_key": "mykey",
+    "modify_params": False,
+    "native_tool_calling": True,
+    "temperature": 0.6,
+    "top_p": 0.9,
+    "max_iterations": 35,
+    "token_level_generation": True,
+    "max_output_tokens": 4096,
+    "max_model_len": 32768,
+}
 
 
 def summarize_like_the_reference(result: dict[str, Any]) -> dict[str, Any]:
@@ -171,10 +192,12 @@ async def test_cancel_and_stop_end_blocked_process_calls(make_api: APIFactory) -
         await client.add_llm_server(llm.url + "/v1/")
         await client.start_server()
         async with sse(api.client) as events:  # raas's event stream says when both are inside a stage
-            cancelled = asyncio.create_task(client.process_request({**INSTANCE, "run": {"sleep": 60}}, SAMPLING,
-                                                                   job_id="prorl-job-1"))
-            stopped = asyncio.create_task(client.process_request({**INSTANCE, "init": {"sleep": 60}}, SAMPLING,
-                                                                 job_id="prorl-job-2"))
+            cancelled = asyncio.create_task(
+                client.process_request({**INSTANCE, "run": {"sleep": 60}}, SAMPLING, job_id="prorl-job-1")
+            )
+            stopped = asyncio.create_task(
+                client.process_request({**INSTANCE, "init": {"sleep": 60}}, SAMPLING, job_id="prorl-job-2")
+            )
             waiting = {("prorl-job-1", "run"), ("prorl-job-2", "init")}
             async for _, event in events:
                 waiting.discard((event["job_id"], event["status"]))

@@ -15,20 +15,38 @@ pytestmark = pytest.mark.unit
 
 def _result(status: str, stage: str | None = None, kind: str = "handler_error", **kw: object) -> JobResult:
     error = ErrorInfo(stage=stage, kind=kind, message="m") if stage else None
-    return JobResult(job_id="j", status=status, error=error,  # type: ignore[arg-type]
-                     timing=Timing(queue_s=1.0, init_s=2.0, run_s=3.0, eval_s=4.0, total_s=12.0), **kw)
+    return JobResult(
+        job_id="j",
+        status=status,
+        error=error,  # type: ignore[arg-type]
+        timing=Timing(queue_s=1.0, init_s=2.0, run_s=3.0, eval_s=4.0, total_s=12.0),
+        **kw,
+    )
 
 
 @pytest.mark.parametrize(
     ("status", "stage", "kind", "critical"),
-    [("completed", None, "", None), ("failed", "init", "sandbox_start_failed", "init"),
-     ("failed", "run", "llm_unavailable", "run"), ("failed", "eval", "handler_error", "eval"),
-     ("failed", "queue", "interrupted", "init"), ("timeout", "run", "timeout", "timeout"),
-     ("cancelled", "eval", "cancelled", "timeout")],
+    [
+        ("completed", None, "", None),
+        ("failed", "init", "sandbox_start_failed", "init"),
+        ("failed", "run", "llm_unavailable", "run"),
+        ("failed", "eval", "handler_error", "eval"),
+        ("failed", "queue", "interrupted", "init"),
+        ("timeout", "run", "timeout", "timeout"),
+        ("cancelled", "eval", "cancelled", "timeout"),
+    ],
 )
 def test_critical_error_and_filter(status: str, stage: str | None, kind: str, critical: str | None) -> None:
-    out = prorl_result(_result(status, stage, kind, reward=1.0 if status == "completed" else None,
-                               resolved=status == "completed", filter=status != "completed"))
+    out = prorl_result(
+        _result(
+            status,
+            stage,
+            kind,
+            reward=1.0 if status == "completed" else None,
+            resolved=status == "completed",
+            filter=status != "completed",
+        )
+    )
     assert out["critical_error"] == critical
     assert out["filter"] is (critical is not None)
     assert out["success"] is (status == "completed")
@@ -46,10 +64,18 @@ def test_timing_has_both_key_sets() -> None:
 
 
 def test_messages_keep_the_token_sequence() -> None:
-    msgs = [Message(role="user", content="q", input_ids=[1, 2]),
-            Message(role="assistant", content="a", input_ids=[3], output_ids=[4, 5], logprobs=[-0.1, -0.2],
-                    tool_calls=[ToolCall(id="c1", name="finish", arguments={"answer": "7"})]),
-            Message(role="tool", content="ok", tool_call_id="c1", name="finish", input_ids=[6, 7])]
+    msgs = [
+        Message(role="user", content="q", input_ids=[1, 2]),
+        Message(
+            role="assistant",
+            content="a",
+            input_ids=[3],
+            output_ids=[4, 5],
+            logprobs=[-0.1, -0.2],
+            tool_calls=[ToolCall(id="c1", name="finish", arguments={"answer": "7"})],
+        ),
+        Message(role="tool", content="ok", tool_call_id="c1", name="finish", input_ids=[6, 7]),
+    ]
     out = [prorl_message(m.model_dump()) for m in msgs]
     assert [t for m in out for t in m["input_ids"] + m["token_ids"]] == [1, 2, 3, 4, 5, 6, 7]
     assert out[1]["tool_calls"] == [{"id": "c1", "name": "finish", "arguments": '{"answer": "7"}'}]
@@ -57,8 +83,15 @@ def test_messages_keep_the_token_sequence() -> None:
     assert out[2]["tool_call_id"] == "c1" and out[1]["logprobs"] == [-0.1, -0.2]
 
 
-@pytest.mark.parametrize(("given", "want"), [("http://h:8000/v1", "http://h:8000"), ("http://h:8000/v1/", "http://h:8000"),
-                                             ("https://h/", "https://h"), (" http://h:1 ", "http://h:1")])
+@pytest.mark.parametrize(
+    ("given", "want"),
+    [
+        ("http://h:8000/v1", "http://h:8000"),
+        ("http://h:8000/v1/", "http://h:8000"),
+        ("https://h/", "https://h"),
+        (" http://h:1 ", "http://h:1"),
+    ],
+)
 def test_normalize_address(given: str, want: str) -> None:
     assert normalize_address(given) == want
 

@@ -46,10 +46,29 @@ class ServiceProcess:
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if k != "RAAS_API_TOKEN"}
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [sys.executable, "-m", "raas.api", "--host", "127.0.0.1", "--port", str(self.port),
-               "--state-dir", str(self.state), "--init-workers", "2", "--run-workers", "4", "--eval-workers", "2",
-               "--shutdown-grace", "0", "--handler", "test.script=tests.doubles.handlers:StageScriptHandler",
-               "--log-level", "warning"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "raas.api",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--state-dir",
+            str(self.state),
+            "--init-workers",
+            "2",
+            "--run-workers",
+            "4",
+            "--eval-workers",
+            "2",
+            "--shutdown-grace",
+            "0",
+            "--handler",
+            "test.script=tests.doubles.handlers:StageScriptHandler",
+            "--log-level",
+            "warning",
+        ]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
@@ -84,9 +103,12 @@ def test_sigkill_and_restart(service_dir: Path) -> None:
     svc.start()
     client = httpx.Client(base_url=svc.url, timeout=60)
     try:
+
         def submit(job_id: str, instance: dict[str, object], **kw: object) -> None:
-            r = client.post("/v1/jobs", json={"instance": {"data_source": "test.script", **instance},
-                                              "job_id": job_id, **kw})
+            r = client.post(
+                "/v1/jobs",
+                json={"instance": {"data_source": "test.script", **instance}, "job_id": job_id, **kw},
+            )
             assert r.status_code == 202, r.text
 
         submit("done", {"eval": {"reward": 0.25}})
@@ -95,8 +117,10 @@ def test_sigkill_and_restart(service_dir: Path) -> None:
         submit("in-init", {"init": {"sleep": 600}})
         submit("retry", {"run": {"sleep": 1.0}}, retry_on_restart=True)
         deadline = time.monotonic() + 60
-        while client.get("/v1/jobs/in-run").json()["status"] != "run" or client.get(
-                "/v1/jobs/retry").json()["status"] != "run":
+        while (
+            client.get("/v1/jobs/in-run").json()["status"] != "run"
+            or client.get("/v1/jobs/retry").json()["status"] != "run"
+        ):
             assert time.monotonic() < deadline, "jobs did not reach RUN"
             time.sleep(0.05)
         ids = sandbox_ids(service_dir)

@@ -60,12 +60,16 @@ class ThreadedServer:
             self.loop.close()
 
     async def _serve(self) -> None:
-        cfg = ServiceConfig(state_dir=self.state, shutdown_grace_s=0.0, max_request_bytes=1 << 20,
-                            default_timeout_s=2.0)
+        cfg = ServiceConfig(
+            state_dir=self.state, shutdown_grace_s=0.0, max_request_bytes=1 << 20, default_timeout_s=2.0
+        )
         self.manager = RecordingSandboxManager(self.state / "sandboxes")
         app = create_app(RolloutService(cfg, sandbox_manager=self.manager))
-        self.server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False,
-                                                    timeout_graceful_shutdown=5))
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                app, lifespan="on", log_level="warning", access_log=False, timeout_graceful_shutdown=5
+            )
+        )
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
         while not self.server.started and not task.done():  # noqa: ASYNC110 - uvicorn has no started event
@@ -99,8 +103,16 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedServer]:
 
 
 @schema.parametrize()
-@settings(max_examples=12, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
 def test_no_server_errors(case: schemathesis.Case, live: ThreadedServer) -> None:
     response = case.call(base_url=live.url, timeout=30)
     allowed = response.status_code == 503 and case.operation.path in PRORL_503

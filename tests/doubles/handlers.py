@@ -67,18 +67,32 @@ class StageScriptHandler(TaskHandler):
             chosen = {k: v for k, v in job.sampling_params.items() if k in SamplingParams.model_fields}
             sampling = SamplingParams(**{**chosen, "max_tokens": int(script.get("max_tokens", 4))})
             res = await llm.balancer.generate(prompt, sampling, trajectory_id=job.trajectory_id)
-            turns.append(Turn(index=0, prompt_ids=prompt, prompt_is_delta=False, prompt_len=len(prompt),
-                              output_ids=list(res.output_ids), logprobs=list(res.logprobs),
-                              finish_reason=str(res.finish_reason), server=res.server))
+            turns.append(
+                Turn(
+                    index=0,
+                    prompt_ids=prompt,
+                    prompt_is_delta=False,
+                    prompt_len=len(prompt),
+                    output_ids=list(res.output_ids),
+                    logprobs=list(res.logprobs),
+                    finish_reason=str(res.finish_reason),
+                    server=res.server,
+                )
+            )
         await self._steps("run", job, env)
         response = turns[0].output_ids if turns else [7, 8]
         return RunOutput(
-            messages=[Message(role="user", content="q", input_ids=[1, 2, 3]),
-                      Message(role="assistant", content="a", output_ids=response,
-                              logprobs=[-0.5] * len(response))],
+            messages=[
+                Message(role="user", content="q", input_ids=[1, 2, 3]),
+                Message(role="assistant", content="a", output_ids=response, logprobs=[-0.5] * len(response)),
+            ],
             turns=turns,
-            token_trajectory=TokenTrajectory(prompt_ids=[1, 2, 3], response_ids=response,
-                                             loss_mask=[1] * len(response), logprobs=[-0.5] * len(response)),
+            token_trajectory=TokenTrajectory(
+                prompt_ids=[1, 2, 3],
+                response_ids=response,
+                loss_mask=[1] * len(response),
+                logprobs=[-0.5] * len(response),
+            ),
             finish_reason="finish_tool",
             answer=str(script.get("answer", "42")),
             artifacts={"patch": "diff --git a/x b/x"},
@@ -90,7 +104,9 @@ class StageScriptHandler(TaskHandler):
             env.sandbox = await env.sandboxes.open()
         await self._steps("eval", job, env)
         reward = script.get("reward", 1.0)
-        return EvalOutput(reward=None if reward is None else float(reward), resolved=script.get("resolved", True))
+        return EvalOutput(
+            reward=None if reward is None else float(reward), resolved=script.get("resolved", True)
+        )
 
     async def on_error(self, stage: str, job: Job, env: Env | None, exc: BaseException) -> None:
         self.hook_calls.append((job.job_id, stage, type(exc).__name__))

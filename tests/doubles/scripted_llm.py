@@ -74,8 +74,14 @@ class Completion:
     text: str = ""
 
     @classmethod
-    def of_text(cls, text: str, *, encode: Callable[[str], Sequence[int]], finish_reason: str = "stop",
-                eos_id: int | None = None) -> Completion:
+    def of_text(
+        cls,
+        text: str,
+        *,
+        encode: Callable[[str], Sequence[int]],
+        finish_reason: str = "stop",
+        eos_id: int | None = None,
+    ) -> Completion:
         """A completion whose IDs are ``encode(text)`` (plus ``eos_id`` when given)."""
         ids = [int(t) for t in encode(text)]
         if eos_id is not None:
@@ -109,8 +115,11 @@ def fixed(n_tokens: int, token_id: int = 42, logprob: float = -0.25) -> Responde
 
     def respond(req: CompletionRequest) -> Completion:
         n = n_tokens if req.max_tokens is None else min(n_tokens, req.max_tokens)
-        return Completion(token_ids=[token_id] * n, logprobs=[logprob] * n,
-                          finish_reason="length" if n < n_tokens else "stop")
+        return Completion(
+            token_ids=[token_id] * n,
+            logprobs=[logprob] * n,
+            finish_reason="length" if n < n_tokens else "stop",
+        )
 
     return respond
 
@@ -175,15 +184,27 @@ class ScriptedLLM:
 
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
-            return {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "vllm",
-                                                "root": MODEL_NAME, "max_model_len": self.max_model_len}]}
+            return {
+                "object": "list",
+                "data": [
+                    {
+                        "id": MODEL_NAME,
+                        "object": "model",
+                        "owned_by": "vllm",
+                        "root": MODEL_NAME,
+                        "max_model_len": self.max_model_len,
+                    }
+                ],
+            }
 
         @app.post("/v1/completions")
         async def completions(request: Request) -> JSONResponse:
             try:
                 body = await request.json()
             except ValueError:
-                return JSONResponse({"error": {"message": "body is not JSON", "type": "BadRequestError"}}, 400)
+                return JSONResponse(
+                    {"error": {"message": "body is not JSON", "type": "BadRequestError"}}, 400
+                )
             prompt = body.get("prompt")
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
                 prompt = prompt[0]
@@ -192,13 +213,32 @@ class ScriptedLLM:
             elif isinstance(prompt, str):
                 prompt_ids, prompt_text = [], prompt
             else:
-                return JSONResponse({"error": {"message": "prompt must be a string or a list of token IDs",
-                                               "type": "BadRequestError"}}, 400)
+                return JSONResponse(
+                    {
+                        "error": {
+                            "message": "prompt must be a string or a list of token IDs",
+                            "type": "BadRequestError",
+                        }
+                    },
+                    400,
+                )
             if len(prompt_ids) >= self.max_model_len:
-                return JSONResponse({"error": {"message": f"This model's maximum context length is "
-                                               f"{self.max_model_len} tokens.", "type": "BadRequestError"}}, 400)
-            req = CompletionRequest(prompt_ids=prompt_ids, prompt_text=prompt_text,
-                                    max_tokens=body.get("max_tokens"), body=body, index=next(self._counter))
+                return JSONResponse(
+                    {
+                        "error": {
+                            "message": f"This model's maximum context length is {self.max_model_len} tokens.",
+                            "type": "BadRequestError",
+                        }
+                    },
+                    400,
+                )
+            req = CompletionRequest(
+                prompt_ids=prompt_ids,
+                prompt_text=prompt_text,
+                max_tokens=body.get("max_tokens"),
+                body=body,
+                index=next(self._counter),
+            )
             self.requests.append(req)
             try:
                 out = self.responder(req)
@@ -231,8 +271,11 @@ class ScriptedLLM:
             "created": int(time.time()),
             "model": MODEL_NAME,
             "choices": [choice],
-            "usage": {"prompt_tokens": len(req.prompt_ids), "completion_tokens": len(out.token_ids),
-                      "total_tokens": len(req.prompt_ids) + len(out.token_ids)},
+            "usage": {
+                "prompt_tokens": len(req.prompt_ids),
+                "completion_tokens": len(out.token_ids),
+                "total_tokens": len(req.prompt_ids) + len(out.token_ids),
+            },
         }
 
     async def _occupy(self, n_tokens: int) -> None:
@@ -273,8 +316,14 @@ class ScriptedLLM:
         s = self._stats
         wall = max(time.monotonic() - s.started, 1e-9)
         cap = self.capacity or max(s.max_active, 1)
-        return {"requests": s.requests, "tokens": s.tokens, "wall_s": wall, "busy_slot_s": s.busy_slot_s,
-                "utilization": s.busy_slot_s / (cap * wall), "max_active": s.max_active}
+        return {
+            "requests": s.requests,
+            "tokens": s.tokens,
+            "wall_s": wall,
+            "busy_slot_s": s.busy_slot_s,
+            "utilization": s.busy_slot_s / (cap * wall),
+            "max_active": s.max_active,
+        }
 
     # -- running it --------------------------------------------------------------------------------------
 
@@ -286,8 +335,9 @@ class ScriptedLLM:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((self.host, self.port))
         self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False,
-                                timeout_keep_alive=30)
+        config = uvicorn.Config(
+            self.app, log_level="warning", lifespan="off", access_log=False, timeout_keep_alive=30
+        )
         self._server = uvicorn.Server(config)
         self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._serve_task = asyncio.create_task(self._server.serve(sockets=[self._sock]))

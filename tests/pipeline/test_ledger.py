@@ -15,9 +15,16 @@ pytestmark = pytest.mark.unit
 
 
 async def _insert(ledger: Ledger, job_id: str, *, retry: bool = False, at: float = 100.0) -> None:
-    existing = await ledger.insert_job(job_id=job_id, request={"instance": {"data_source": "x"}}, data_source="x",
-                                       instance_id=f"i-{job_id}", trajectory_id=None, priority=0,
-                                       retry_on_restart=retry, at=at)
+    existing = await ledger.insert_job(
+        job_id=job_id,
+        request={"instance": {"data_source": "x"}},
+        data_source="x",
+        instance_id=f"i-{job_id}",
+        trajectory_id=None,
+        priority=0,
+        retry_on_restart=retry,
+        at=at,
+    )
     assert existing is None
 
 
@@ -32,8 +39,16 @@ async def test_accepted_job_is_committed_and_visible_to_another_connection(tmp_p
     await ledger.flush()
     assert other.execute("SELECT status FROM jobs WHERE job_id='a'").fetchone() == ("init",)
     other.close()
-    again = await ledger.insert_job(job_id="a", request={}, data_source="y", instance_id=None, trajectory_id=None,
-                                    priority=0, retry_on_restart=False, at=1.0)
+    again = await ledger.insert_job(
+        job_id="a",
+        request={},
+        data_source="y",
+        instance_id=None,
+        trajectory_id=None,
+        priority=0,
+        retry_on_restart=False,
+        at=1.0,
+    )
     assert again is not None and again.status == "init" and again.data_source == "x"
     await ledger.close()
 
@@ -47,7 +62,12 @@ async def test_results_survive_reopen(tmp_path: Path) -> None:
     reopened = Ledger(tmp_path / "l.db")
     await reopened.open()
     row = await reopened.get("a")
-    assert row is not None and row.status == "completed" and row.result is not None and row.result["reward"] == 1.0
+    assert (
+        row is not None
+        and row.status == "completed"
+        and row.result is not None
+        and row.result["reward"] == 1.0
+    )
     assert [s for s, _, _ in await reopened.transitions("a")] == ["queued", "completed"]
     recovery = await reopened.recover(max_attempts=3)
     assert recovery.requeued == [] and recovery.interrupted == []
@@ -83,7 +103,11 @@ async def test_recover_interrupts_or_requeues_in_flight_jobs(tmp_path: Path) -> 
     recovery = await ledger.recover(max_attempts=2, now=300.0)
     assert recovery.interrupted == ["again"] and recovery.requeued == []
     row = await ledger.get("again")
-    assert row is not None and row.status == "failed" and "gave up after 2 attempts" in row.result["error"]["message"]  # type: ignore[index]
+    assert (
+        row is not None
+        and row.status == "failed"
+        and "gave up after 2 attempts" in row.result["error"]["message"]
+    )  # type: ignore[index]
     await ledger.close()
 
 
@@ -92,8 +116,10 @@ async def test_retention_ttl_and_size_keep_unfinished_jobs(tmp_path: Path) -> No
     await ledger.open()
     for i in range(5):
         await _insert(ledger, f"done{i}", at=float(i))
-        await ledger.finish(JobResult(job_id=f"done{i}", status="failed",
-                                      error=ErrorInfo(kind="handler_error", message="x")), 100.0 + i * 10)
+        await ledger.finish(
+            JobResult(job_id=f"done{i}", status="failed", error=ErrorInfo(kind="handler_error", message="x")),
+            100.0 + i * 10,
+        )
     await _insert(ledger, "running", at=0.0)
     removed = await ledger.prune(now=175.0)  # TTL drops finished_at < 125 (done0..done2); size keeps 2
     assert removed == 3

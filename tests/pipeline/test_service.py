@@ -21,8 +21,9 @@ STAGES = ("init", "run", "eval")
 
 async def test_completes_with_reward_timing_and_ledger_trail(make_service: ServiceFactory) -> None:
     svc = await make_service()
-    job_id = await submit(svc, script(eval={"reward": 0.5, "resolved": False}, instance_id="i-1",
-                                      trajectory_id="t-9"))
+    job_id = await submit(
+        svc, script(eval={"reward": 0.5, "resolved": False}, instance_id="i-1", trajectory_id="t-9")
+    )
     result = await svc.wait(job_id, 30)
     assert result is not None
     assert (result.status, result.reward, result.resolved, result.filter) == ("completed", 0.5, False, False)
@@ -50,7 +51,9 @@ async def test_job_id_is_idempotent(make_service: ServiceFactory) -> None:
 
 
 @pytest.mark.parametrize("stage", STAGES)
-async def test_cancel_inside_each_stage(make_service: ServiceFactory, script_handler: type, stage: str) -> None:
+async def test_cancel_inside_each_stage(
+    make_service: ServiceFactory, script_handler: type, stage: str
+) -> None:
     svc = await make_service()
     job_id = await submit(svc, script(**{stage: {"sleep": 60}}))
     await reach(svc, job_id, stage)
@@ -77,7 +80,9 @@ async def test_cancel_while_queued(make_service: ServiceFactory) -> None:
 
 
 @pytest.mark.parametrize("stage", STAGES)
-async def test_timeout_inside_each_stage(make_service: ServiceFactory, script_handler: type, stage: str) -> None:
+async def test_timeout_inside_each_stage(
+    make_service: ServiceFactory, script_handler: type, stage: str
+) -> None:
     svc = await make_service()
     job_id = await submit(svc, script(**{stage: {"sleep": 60}}), timeout_s=0.3)
     result = await svc.wait(job_id, 30)
@@ -107,8 +112,9 @@ async def test_per_stage_ceiling(make_service: ServiceFactory) -> None:
 
 
 @pytest.mark.parametrize("stage", STAGES)
-async def test_handler_exception_in_each_stage(make_service: ServiceFactory, script_handler: type,
-                                               stage: str) -> None:
+async def test_handler_exception_in_each_stage(
+    make_service: ServiceFactory, script_handler: type, stage: str
+) -> None:
     svc = await make_service()
     job_id = await submit(svc, script(**{stage: {"raise": "boom"}}))
     result = await svc.wait(job_id, 30)

@@ -28,8 +28,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-pending", type=int)
     p.add_argument("--timeout", type=float, dest="default_timeout_s")
     p.add_argument("--shutdown-grace", type=float, dest="shutdown_grace_s")
-    p.add_argument("--handler", action="append", default=[], metavar="NAME=MODULE:CLASS",
-                   help="register an extra task handler (repeatable)")
+    p.add_argument(
+        "--handler",
+        action="append",
+        default=[],
+        metavar="NAME=MODULE:CLASS",
+        help="register an extra task handler (repeatable)",
+    )
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -41,8 +46,20 @@ def build_config(args: argparse.Namespace) -> ServiceConfig:
         if not sep or ":" not in target:
             raise RaasError(f"--handler wants NAME=MODULE:CLASS, got {spec!r}", kind="bad_request")
         handlers[name] = target
-    keys = ("host", "port", "state_dir", "ledger_path", "llm_servers", "tokenizer_dir", "init_workers",
-            "run_workers", "eval_workers", "max_pending", "default_timeout_s", "shutdown_grace_s")
+    keys = (
+        "host",
+        "port",
+        "state_dir",
+        "ledger_path",
+        "llm_servers",
+        "tokenizer_dir",
+        "init_workers",
+        "run_workers",
+        "eval_workers",
+        "max_pending",
+        "default_timeout_s",
+        "shutdown_grace_s",
+    )
     overrides = {k: getattr(args, k) for k in keys}
     if handlers:
         overrides["extra_handlers"] = handlers
@@ -51,7 +68,9 @@ def build_config(args: argparse.Namespace) -> ServiceConfig:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     config = build_config(args)
     asyncio.run(serve(RolloutService(config), log_level=args.log_level))
 

@@ -41,7 +41,9 @@ def create_app(service: RolloutService, *, manage_service: bool = True) -> FastA
     errors.install(app)
     app.include_router(native.router)
     app.include_router(prorl.router)
-    app.add_middleware(GuardMiddleware, max_bytes=service.config.max_request_bytes, token=service.config.token)
+    app.add_middleware(
+        GuardMiddleware, max_bytes=service.config.max_request_bytes, token=service.config.token
+    )
     return app
 
 
@@ -59,11 +61,10 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-async def serve(service: RolloutService, *, host: str | None = None, port: int | None = None,
-                log_level: str = "info") -> None:
-    """Serve ``service`` over HTTP until SIGINT/SIGTERM, then shut it down gracefully.
-
-    """
+async def serve(
+    service: RolloutService, *, host: str | None = None, port: int | None = None, log_level: str = "info"
+) -> None:
+    """Serve ``service`` over HTTP until SIGINT/SIGTERM, then shut it down gracefully."""
     host = host or service.config.host
     port = service.config.port if port is None else port
     config = uvicorn.Config(

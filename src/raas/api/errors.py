@@ -36,7 +36,9 @@ def error_response(exc: RaasError) -> JSONResponse:
     headers = {}
     if isinstance(exc, Overloaded):
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
-    return JSONResponse(error_body(exc.kind, exc.message, exc.stage or "api"), status_code=status, headers=headers)
+    return JSONResponse(
+        error_body(exc.kind, exc.message, exc.stage or "api"), status_code=status, headers=headers
+    )
 
 
 def _summarize(errors: list[Any]) -> str:
@@ -57,9 +59,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()
-        ]
+        errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
         body = error_body("bad_request", _summarize(errors))
         body["errors"] = [{**e, "loc": [str(x) for x in e.get("loc", ())]} for e in errors]
         return JSONResponse(body, status_code=422)
@@ -69,5 +69,8 @@ def install(app: FastAPI) -> None:
         kind = {401: "unauthorized", 404: "not_found", 405: "bad_request", 413: "payload_too_large"}.get(
             exc.status_code, "bad_request" if exc.status_code < 500 else "internal"
         )
-        return JSONResponse(error_body(kind, str(exc.detail)), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        return JSONResponse(
+            error_body(kind, str(exc.detail)),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )

@@ -13,11 +13,21 @@ from raas.api.errors import error_body
 OPEN_PATHS = frozenset({"/healthz"})
 
 
-async def _send_json(send: Send, status: int, body: dict[str, object], headers: list[tuple[bytes, bytes]]) -> None:
+async def _send_json(
+    send: Send, status: int, body: dict[str, object], headers: list[tuple[bytes, bytes]]
+) -> None:
     data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
-                            *headers]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+                *headers,
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": data})
 
 
@@ -42,9 +52,15 @@ class GuardMiddleware:
                     given = value
                     break
             scheme, _, credential = given.decode("latin-1").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(credential.strip().encode(), expected.encode()):
-                await _send_json(send, 401, error_body("unauthorized", "missing or wrong bearer token"),
-                                 [(b"www-authenticate", b"Bearer")])
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                credential.strip().encode(), expected.encode()
+            ):
+                await _send_json(
+                    send,
+                    401,
+                    error_body("unauthorized", "missing or wrong bearer token"),
+                    [(b"www-authenticate", b"Bearer")],
+                )
                 return
         declared = None
         for name, value in scope.get("headers", []):

@@ -29,8 +29,9 @@ def normalize_address(address: str) -> str:
     if a.endswith("/v1"):
         a = a[: -len("/v1")]
     if not a.startswith(("http://", "https://")) or len(a) <= len("http://"):
-        raise RaasError(f"LLM server address must be an http(s) URL, got {address!r}", kind="bad_request",
-                        stage="api")
+        raise RaasError(
+            f"LLM server address must be an http(s) URL, got {address!r}", kind="bad_request", stage="api"
+        )
     return a
 
 
@@ -56,17 +57,31 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.post("/v1/jobs", status_code=202, response_model=SubmitResponse,
-             responses={**_ERRORS, 429: {"description": "Full; retry after Retry-After seconds"},
-                        503: {"description": "Shutting down"}})
+@router.post(
+    "/v1/jobs",
+    status_code=202,
+    response_model=SubmitResponse,
+    responses={
+        **_ERRORS,
+        429: {"description": "Full; retry after Retry-After seconds"},
+        503: {"description": "Shutting down"},
+    },
+)
 async def submit_job(body: JobRequest, request: Request) -> SubmitResponse:
     """Accept one job; idempotent on ``job_id``."""
     return await service_of(request).submit(body)
 
 
-@router.post("/v1/jobs:batch", status_code=202, response_model=BatchResponse,
-             responses={**_ERRORS, 429: {"description": "Not enough room for the whole batch"},
-                        503: {"description": "Shutting down"}})
+@router.post(
+    "/v1/jobs:batch",
+    status_code=202,
+    response_model=BatchResponse,
+    responses={
+        **_ERRORS,
+        429: {"description": "Not enough room for the whole batch"},
+        503: {"description": "Shutting down"},
+    },
+)
 async def submit_batch(body: BatchRequest, request: Request) -> BatchResponse:
     """Accept many jobs, all or nothing."""
     return BatchResponse(jobs=await service_of(request).submit_many(body.jobs))
@@ -80,7 +95,10 @@ async def get_job(job_id: JobId, request: Request) -> JobInfo:
 @router.get(
     "/v1/jobs/{job_id}/result",
     response_model=JobResult,
-    responses={202: {"model": JobInfo, "description": "Not finished yet"}, 404: {"description": "Unknown job"}},
+    responses={
+        202: {"model": JobInfo, "description": "Not finished yet"},
+        404: {"description": "Unknown job"},
+    },
 )
 async def get_result(
     job_id: JobId,
@@ -104,8 +122,11 @@ async def cancel_job(job_id: JobId, request: Request) -> JobInfo:
     return await service_of(request).cancel(job_id)
 
 
-@router.get("/v1/events", response_class=StreamingResponse,
-            responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}})
+@router.get(
+    "/v1/events",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}},
+)
 async def events(
     request: Request,
     terminal_only: Annotated[bool, Query(description="Only terminal states")] = False,
@@ -128,8 +149,11 @@ async def events(
                     continue
                 yield f"event: job\nid: {event.job_id}\ndata: {event.model_dump_json()}\n\n".encode()
 
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        stream(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 # -- inference servers ---------------------------------------------------------------------------------
@@ -140,17 +164,25 @@ async def list_servers(request: Request) -> ServersResponse:
     return ServersResponse(servers=service_of(request).llm_servers())
 
 
-@router.post("/v1/llm/servers", response_model=ServersResponse,
-             responses={400: {"description": "Bad address"}, 503: {"description": "No LLM layer"}})
+@router.post(
+    "/v1/llm/servers",
+    response_model=ServersResponse,
+    responses={400: {"description": "Bad address"}, 503: {"description": "No LLM layer"}},
+)
 async def add_server(body: AddServerRequest, request: Request) -> ServersResponse:
     service = service_of(request)
     balancer = balancer_of(service)
-    await _call(balancer.add(normalize_address(body.address), weight_version=body.weight_version, kind=body.kind))
+    await _call(
+        balancer.add(normalize_address(body.address), weight_version=body.weight_version, kind=body.kind)
+    )
     return ServersResponse(servers=service.llm_servers())
 
 
-@router.delete("/v1/llm/servers/{address:path}", response_model=ServersResponse,
-               responses={404: {"description": "Unknown server"}, 503: {"description": "No LLM layer"}})
+@router.delete(
+    "/v1/llm/servers/{address:path}",
+    response_model=ServersResponse,
+    responses={404: {"description": "Unknown server"}, 503: {"description": "No LLM layer"}},
+)
 async def remove_server(address: str, request: Request) -> ServersResponse:
     service = service_of(request)
     balancer = balancer_of(service)
@@ -162,7 +194,9 @@ async def remove_server(address: str, request: Request) -> ServersResponse:
     return ServersResponse(servers=service.llm_servers())
 
 
-@router.post("/v1/llm/servers:clear", response_model=OkResponse, responses={503: {"description": "No LLM layer"}})
+@router.post(
+    "/v1/llm/servers:clear", response_model=OkResponse, responses={503: {"description": "No LLM layer"}}
+)
 async def clear_servers(request: Request) -> OkResponse:
     await _call(balancer_of(service_of(request)).clear())
     return OkResponse(detail="cleared")
@@ -198,4 +232,3 @@ async def metrics_endpoint(request: Request) -> Response:
 
     body = metrics.render(service_of(request).gauges)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
-

@@ -93,7 +93,9 @@ def prorl_message(message: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "role": message["role"],
         "content": message.get("content", ""),
-        "tool_calls": None if calls is None else [
+        "tool_calls": None
+        if calls is None
+        else [
             {"id": c.get("id"), "name": c.get("name"), "arguments": json.dumps(c.get("arguments") or {})}
             for c in calls
         ],
@@ -124,7 +126,9 @@ def prorl_result(result: JobResult) -> dict[str, Any]:
         {
             "git_patch": arts.get("git_patch", arts.get("patch")),
             "success": result.status == "completed",
-            "error": None if error is None else f"Error in {error.stage or 'service'}: [{error.kind}] {error.message}",
+            "error": None
+            if error is None
+            else f"Error in {error.stage or 'service'}: [{error.kind}] {error.message}",
             "error_detail": None if error is None else error.model_dump(mode="json"),
             "traceback": arts.get("traceback"),
             "finish": finish_reason == "finish_tool",
@@ -178,8 +182,9 @@ async def stop(request: Request) -> Any:
 async def status(request: Request) -> StatusResponse:
     service = service_of(request)
     snap = service.status()
-    return StatusResponse(status="running" if gate_of(request).running else "stopped",
-                          pending_jobs=snap["pending"], **snap)
+    return StatusResponse(
+        status="running" if gate_of(request).running else "stopped", pending_jobs=snap["pending"], **snap
+    )
 
 
 @router.post("/cancel", response_model=StatusMessage, responses={503: {"description": "Not running"}})
@@ -195,8 +200,11 @@ async def cancel(body: CancelRequest, request: Request) -> Any:
     return StatusMessage(status=f"Cancel requested for job {body.job_id}")
 
 
-@router.post("/add_llm_server", response_model=StatusMessage,
-             responses={400: {"description": "Bad address"}, 503: {"description": "No LLM layer"}})
+@router.post(
+    "/add_llm_server",
+    response_model=StatusMessage,
+    responses={400: {"description": "Bad address"}, 503: {"description": "No LLM layer"}},
+)
 async def add_llm_server(body: LLMServerRequest, request: Request) -> StatusMessage:
     balancer = balancer_of(service_of(request))
     address = normalize_address(body.address)
@@ -206,7 +214,9 @@ async def add_llm_server(body: LLMServerRequest, request: Request) -> StatusMess
     return StatusMessage(status=f"Added LLM server address: {body.address}")
 
 
-@router.post("/clear_llm_server", response_model=StatusMessage, responses={503: {"description": "No LLM layer"}})
+@router.post(
+    "/clear_llm_server", response_model=StatusMessage, responses={503: {"description": "No LLM layer"}}
+)
 async def clear_llm_server(request: Request) -> StatusMessage:
     await _call(balancer_of(service_of(request)).clear())
     return StatusMessage(status="Cleared all LLM server addresses")
@@ -239,7 +249,9 @@ async def process(body: ProcessRequest, request: Request) -> Any:
         accepted = await service.submit(job)
     except RaasError as exc:
         if exc.kind == "bad_request":
-            return _detail(400, f"Invalid dataset type or function not registered: {exc.message}", "bad_request")
+            return _detail(
+                400, f"Invalid dataset type or function not registered: {exc.message}", "bad_request"
+            )
         raise
     job_id = accepted.job_id
     gate.jobs.add(job_id)

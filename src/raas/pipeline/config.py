@@ -47,7 +47,9 @@ class ServiceConfig(BaseModel):
     init_workers: int = Field(4, ge=1, le=4096)
     run_workers: int = Field(8, ge=1, le=4096)
     eval_workers: int = Field(4, ge=1, le=4096)
-    max_pending: int = Field(1024, ge=1, description="Jobs accepted but unfinished; beyond this submit gets 429")
+    max_pending: int = Field(
+        1024, ge=1, description="Jobs accepted but unfinished; beyond this submit gets 429"
+    )
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 429")
 
     default_timeout_s: float = Field(600.0, gt=0, description="Per-job budget of in-stage time")
@@ -56,7 +58,9 @@ class ServiceConfig(BaseModel):
     cancel_grace_s: float = Field(5.0, gt=0, description="How long an interrupted stage may take to unwind")
     shutdown_grace_s: float = Field(10.0, ge=0, description="How long shutdown lets in-flight jobs finish")
 
-    result_ttl_s: float | None = Field(7 * 24 * 3600.0, gt=0, description="Drop finished jobs older than this")
+    result_ttl_s: float | None = Field(
+        7 * 24 * 3600.0, gt=0, description="Drop finished jobs older than this"
+    )
     max_results: int | None = Field(100_000, ge=1, description="Keep at most this many finished jobs")
     prune_interval_s: float = Field(60.0, gt=0)
     max_attempts: int = Field(3, ge=1, description="Restarts a retry_on_restart job may survive")

@@ -17,7 +17,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from raas.agent.trajectory import Message, TokenTrajectory, Turn
 
 JobStatus = Literal[
-    "queued", "init", "queued_run", "run", "queued_eval", "eval", "completed", "failed", "timeout", "cancelled"
+    "queued",
+    "init",
+    "queued_run",
+    "run",
+    "queued_eval",
+    "eval",
+    "completed",
+    "failed",
+    "timeout",
+    "cancelled",
 ]
 TerminalStatus = Literal["completed", "failed", "timeout", "cancelled"]
 StageName = Literal["init", "run", "eval"]
@@ -49,9 +58,14 @@ class JobRequest(BaseModel):
 
     instance: dict[str, Any]
     sampling_params: dict[str, Any] | None = None
-    job_id: str | None = Field(None, pattern=JOB_ID_PATTERN, description="Idempotency key; generated if absent.")
+    job_id: str | None = Field(
+        None, pattern=JOB_ID_PATTERN, description="Idempotency key; generated if absent."
+    )
     timeout_s: float | None = Field(
-        None, gt=0, le=7 * 24 * 3600, description="Budget for time spent inside stages (queue waits do not count)."
+        None,
+        gt=0,
+        le=7 * 24 * 3600,
+        description="Budget for time spent inside stages (queue waits do not count).",
     )
     priority: int = Field(0, ge=-1000, le=1000, description="Higher runs first; FIFO among equals.")
     retry_on_restart: bool = Field(

@@ -122,11 +122,15 @@ _STOP = _Stop()
 class Ledger:
     """SQLite ledger with a single writer thread; see the module docstring."""
 
-    def __init__(self, path: str | Path, *, result_ttl_s: float | None = None, max_results: int | None = None) -> None:
+    def __init__(
+        self, path: str | Path, *, result_ttl_s: float | None = None, max_results: int | None = None
+    ) -> None:
         self.path = Path(path)
         self.result_ttl_s = result_ttl_s
         self.max_results = max_results
-        self._ops: queue.SimpleQueue[tuple[Callable[[sqlite3.Connection], Any], concurrent.futures.Future[Any]] | _Stop]
+        self._ops: queue.SimpleQueue[
+            tuple[Callable[[sqlite3.Connection], Any], concurrent.futures.Future[Any]] | _Stop
+        ]
         self._ops = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -139,7 +143,9 @@ class Ledger:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise RaasError(f"cannot create the ledger directory {self.path.parent}: {exc}", kind="internal") from exc
+            raise RaasError(
+                f"cannot create the ledger directory {self.path.parent}: {exc}", kind="internal"
+            ) from exc
         ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._writer, args=(ready,), name="raas-ledger", daemon=True)
         self._thread.start()
@@ -235,11 +241,23 @@ class Ledger:
             conn.execute(
                 "INSERT INTO jobs (job_id, status, data_source, instance_id, trajectory_id, priority,"
                 " retry_on_restart, attempts, request, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (job_id, "queued", data_source, instance_id, trajectory_id, priority, int(retry_on_restart), 1,
-                 body, at, at),
+                (
+                    job_id,
+                    "queued",
+                    data_source,
+                    instance_id,
+                    trajectory_id,
+                    priority,
+                    int(retry_on_restart),
+                    1,
+                    body,
+                    at,
+                    at,
+                ),
             )
             conn.execute(
-                "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)", (job_id, "queued", at, None)
+                "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
+                (job_id, "queued", at, None),
             )
             return None
 
@@ -251,7 +269,8 @@ class Ledger:
         def op(conn: sqlite3.Connection) -> None:
             conn.execute("UPDATE jobs SET status=?, updated_at=? WHERE job_id=?", (status, at, job_id))
             conn.execute(
-                "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)", (job_id, status, at, detail)
+                "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
+                (job_id, status, at, detail),
             )
 
         self._submit(op)
@@ -315,7 +334,9 @@ class Ledger:
         def op(conn: sqlite3.Connection) -> Recovery:
             rows = [
                 _row(r)
-                for r in conn.execute(f"SELECT * FROM jobs WHERE status NOT IN {_TERMINAL_SQL} ORDER BY created_at")
+                for r in conn.execute(
+                    f"SELECT * FROM jobs WHERE status NOT IN {_TERMINAL_SQL} ORDER BY created_at"
+                )
             ]
             requeued: list[LedgerJob] = []
             interrupted: list[str] = []
@@ -342,7 +363,9 @@ class Ledger:
                     instance_id=job.instance_id,
                     trajectory_id=job.trajectory_id,
                     status="failed",
-                    error=ErrorInfo(stage=stage, kind="interrupted", message=f"{reason} (last state {job.status})"),
+                    error=ErrorInfo(
+                        stage=stage, kind="interrupted", message=f"{reason} (last state {job.status})"
+                    ),
                     filter=True,
                     timing=Timing(total_s=max(0.0, at - job.created_at)),
                 )
@@ -371,7 +394,8 @@ class Ledger:
                 doomed += [
                     r[0]
                     for r in conn.execute(
-                        f"SELECT job_id FROM jobs WHERE status IN {_TERMINAL_SQL} AND finished_at < ?", (at - ttl,)
+                        f"SELECT job_id FROM jobs WHERE status IN {_TERMINAL_SQL} AND finished_at < ?",
+                        (at - ttl,),
                     )
                 ]
             if cap is not None:

@@ -26,20 +26,32 @@ STAGE_DURATION = Histogram(
     registry=REGISTRY,
 )
 QUEUE_WAIT = Histogram(
-    "raas_queue_wait_seconds", "Time a job waited for a stage worker", ["stage"], buckets=_STAGE_BUCKETS,
+    "raas_queue_wait_seconds",
+    "Time a job waited for a stage worker",
+    ["stage"],
+    buckets=_STAGE_BUCKETS,
     registry=REGISTRY,
 )
 TOOL_LATENCY = Histogram(
-    "raas_tool_latency_seconds", "Latency of one sandbox tool call", ["tool", "ok"], buckets=_CALL_BUCKETS,
+    "raas_tool_latency_seconds",
+    "Latency of one sandbox tool call",
+    ["tool", "ok"],
+    buckets=_CALL_BUCKETS,
     registry=REGISTRY,
 )
 LLM_LATENCY = Histogram(
-    "raas_llm_latency_seconds", "Latency of one generate call", ["server", "ok"], buckets=_CALL_BUCKETS,
+    "raas_llm_latency_seconds",
+    "Latency of one generate call",
+    ["server", "ok"],
+    buckets=_CALL_BUCKETS,
     registry=REGISTRY,
 )
-ERRORS = Counter("raas_errors_total", "Failed jobs by stage and error kind", ["stage", "kind"], registry=REGISTRY)
-JOBS_FINISHED = Counter("raas_jobs_finished_total", "Jobs that reached a terminal status", ["status"],
-                        registry=REGISTRY)
+ERRORS = Counter(
+    "raas_errors_total", "Failed jobs by stage and error kind", ["stage", "kind"], registry=REGISTRY
+)
+JOBS_FINISHED = Counter(
+    "raas_jobs_finished_total", "Jobs that reached a terminal status", ["status"], registry=REGISTRY
+)
 
 
 def observe_stage(stage: str, seconds: float, outcome: str) -> None:
@@ -71,7 +83,9 @@ def count_finished(status: str) -> None:
 class StageGaugeCollector(Collector):
     """Reads queue depth and active jobs per stage from a live service at scrape time."""
 
-    def __init__(self, snapshot: Callable[[], Mapping[str, Mapping[str, int]]], servers: Callable[[], int]) -> None:
+    def __init__(
+        self, snapshot: Callable[[], Mapping[str, Mapping[str, int]]], servers: Callable[[], int]
+    ) -> None:
         self._snapshot = snapshot
         self._servers = servers
 

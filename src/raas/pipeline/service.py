@@ -140,7 +140,9 @@ class RolloutService:
         handler_lookup: HandlerLookup | None = None,
     ) -> None:
         self.config = config
-        self.ledger = Ledger(config.ledger_file(), result_ttl_s=config.result_ttl_s, max_results=config.max_results)
+        self.ledger = Ledger(
+            config.ledger_file(), result_ttl_s=config.result_ttl_s, max_results=config.max_results
+        )
         self.bus = EventBus()
         self.sandbox_manager = sandbox_manager
         self._owns_manager = sandbox_manager is None
@@ -163,7 +165,9 @@ class RolloutService:
         self._idle.set()
         self._finished_counts: dict[str, int] = {}
         self.gauges = CollectorRegistry(auto_describe=True)
-        self.gauges.register(metrics.StageGaugeCollector(self.stage_snapshot, lambda: len(self.llm_servers())))
+        self.gauges.register(
+            metrics.StageGaugeCollector(self.stage_snapshot, lambda: len(self.llm_servers()))
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
@@ -193,10 +197,16 @@ class RolloutService:
                 metrics.count_finished("failed")
         for row in recovery.requeued:
             await self._readmit(row)
-        sizes = {"init": self.config.init_workers, "run": self.config.run_workers, "eval": self.config.eval_workers}
+        sizes = {
+            "init": self.config.init_workers,
+            "run": self.config.run_workers,
+            "eval": self.config.eval_workers,
+        }
         for stage in STAGES:
             for i in range(sizes[stage]):
-                self._workers.append(asyncio.create_task(self._worker(stage), name=f"raas-{stage}-worker-{i}"))
+                self._workers.append(
+                    asyncio.create_task(self._worker(stage), name=f"raas-{stage}-worker-{i}")
+                )
         self._spawn(self._prune_loop())
         self._accepting = True
 
@@ -300,7 +310,9 @@ class RolloutService:
         except RaasError as exc:
             raise RaasError(exc.message, kind="bad_request", stage="api") from exc
         except Exception as exc:
-            raise RaasError(f"unknown data_source {data_source!r}: {exc}", kind="bad_request", stage="api") from exc
+            raise RaasError(
+                f"unknown data_source {data_source!r}: {exc}", kind="bad_request", stage="api"
+            ) from exc
         if handler is None:
             raise RaasError(f"unknown data_source {data_source!r}", kind="bad_request", stage="api")
         return handler
@@ -369,8 +381,12 @@ class RolloutService:
         job_id = request.job_id or new_job_id()
         instance = request.instance
         trajectory_id = str(instance.get("trajectory_id", job_id))
-        job = Job(job_id=job_id, instance=instance, trajectory_id=trajectory_id,
-                  sampling_params=dict(request.sampling_params or {}))
+        job = Job(
+            job_id=job_id,
+            instance=instance,
+            trajectory_id=trajectory_id,
+            sampling_params=dict(request.sampling_params or {}),
+        )
         a = _Active(
             request=request.model_copy(update={"job_id": job_id}),
             job=job,
@@ -416,17 +432,33 @@ class RolloutService:
             handler = self._validate(request)
         except (RaasError, ValueError) as exc:
             result = JobResult(
-                job_id=row.job_id, instance_id=row.instance_id, trajectory_id=row.trajectory_id, status="failed",
-                error=ErrorInfo(stage="queue", kind="bad_request", message=f"cannot re-queue after restart: {exc}"),
+                job_id=row.job_id,
+                instance_id=row.instance_id,
+                trajectory_id=row.trajectory_id,
+                status="failed",
+                error=ErrorInfo(
+                    stage="queue", kind="bad_request", message=f"cannot re-queue after restart: {exc}"
+                ),
                 filter=True,
             )
             await self.ledger.finish(result, time.time())
             return
-        job = Job(job_id=row.job_id, instance=request.instance, trajectory_id=row.trajectory_id or row.job_id,
-                  sampling_params=dict(request.sampling_params or {}))
-        a = _Active(request=request, job=job, handler=handler, status="queued", priority=row.priority,
-                    created_at=row.created_at, attempts=row.attempts,
-                    budget_s=request.timeout_s or self.config.default_timeout_s)
+        job = Job(
+            job_id=row.job_id,
+            instance=request.instance,
+            trajectory_id=row.trajectory_id or row.job_id,
+            sampling_params=dict(request.sampling_params or {}),
+        )
+        a = _Active(
+            request=request,
+            job=job,
+            handler=handler,
+            status="queued",
+            priority=row.priority,
+            created_at=row.created_at,
+            attempts=row.attempts,
+            budget_s=request.timeout_s or self.config.default_timeout_s,
+        )
         self._active[row.job_id] = a
         self._idle.clear()
         self._publish(a)
@@ -477,7 +509,11 @@ class RolloutService:
             yield sub
 
     def stage_snapshot(self) -> dict[str, dict[str, int]]:
-        workers = {"init": self.config.init_workers, "run": self.config.run_workers, "eval": self.config.eval_workers}
+        workers = {
+            "init": self.config.init_workers,
+            "run": self.config.run_workers,
+            "eval": self.config.eval_workers,
+        }
         queued = dict.fromkeys(STAGES, 0)
         for a in self._active.values():
             for stage in STAGES:
@@ -553,8 +589,12 @@ class RolloutService:
             except Exception as exc:  # a bug in the pipeline itself: record it, keep the worker alive
                 log.exception("pipeline error on job %s in %s", job_id, stage)
                 a.cancel_reason = a.cancel_reason or "internal"
-                await self._abort(a, stage, RaasError(f"internal pipeline error: {exc}", kind="internal",
-                                                      stage=stage), tb=traceback.format_exc())
+                await self._abort(
+                    a,
+                    stage,
+                    RaasError(f"internal pipeline error: {exc}", kind="internal", stage=stage),
+                    tb=traceback.format_exc(),
+                )
             finally:
                 self._running[stage] -= 1
 
@@ -644,7 +684,9 @@ class RolloutService:
             try:
                 agent = AgentConfig.model_validate({**agent.model_dump(), **overrides})
             except ValueError as exc:
-                raise RaasError(f"invalid agent settings in sampling_params: {exc}", kind="bad_request") from exc
+                raise RaasError(
+                    f"invalid agent settings in sampling_params: {exc}", kind="bad_request"
+                ) from exc
         return LLMContext(balancer=self.balancer, tokenizer=self.tokenizer, agent=agent)
 
     # -- endings -----------------------------------------------------------------------------------------
@@ -669,7 +711,9 @@ class RolloutService:
         a.finishing = True
         hook_stage = stage if stage in STAGES else _waiting_for(a.status)
         try:
-            await asyncio.wait_for(a.handler.on_error(hook_stage, a.job, a.env, exc), self.config.hook_timeout_s)
+            await asyncio.wait_for(
+                a.handler.on_error(hook_stage, a.job, a.env, exc), self.config.hook_timeout_s
+            )
         except Exception:
             log.exception("on_error hook failed for job %s", a.job.job_id)
         await self._release(a)
@@ -713,10 +757,14 @@ class RolloutService:
         if out.details:
             artifacts["eval_details"] = out.details
         if out.reward is None or not math.isfinite(out.reward):
-            error = ErrorInfo(stage="eval", kind="handler_error", message="evaluation produced no usable reward")
+            error = ErrorInfo(
+                stage="eval", kind="handler_error", message="evaluation produced no usable reward"
+            )
             await self._finish(a, "failed", error=error, artifacts=artifacts, resolved=out.resolved)
             return
-        await self._finish(a, "completed", reward=float(out.reward), resolved=out.resolved, artifacts=artifacts)
+        await self._finish(
+            a, "completed", reward=float(out.reward), resolved=out.resolved, artifacts=artifacts
+        )
 
     async def _finish(
         self,
@@ -769,8 +817,16 @@ class RolloutService:
         if error is not None:
             metrics.count_error(error.stage, error.kind)
         a.done.set()
-        self.bus.publish(JobEvent(job_id=a.job.job_id, status=status, at=now, reward=result.reward,  # type: ignore[arg-type]
-                                  filter=result.filter, error=error))
+        self.bus.publish(
+            JobEvent(
+                job_id=a.job.job_id,
+                status=status,
+                at=now,
+                reward=result.reward,  # type: ignore[arg-type]
+                filter=result.filter,
+                error=error,
+            )
+        )
 
     async def _leave_for_restart(self, a: _Active) -> None:
         """Shutdown hit a ``retry_on_restart`` job: leave it queued in the ledger for the next start."""
@@ -787,8 +843,11 @@ class RolloutService:
         if a.request.retry_on_restart:
             await self._leave_for_restart(a)
             return
-        error = ErrorInfo(stage=_stage_of(a.status), kind="interrupted",
-                          message="the service shut down and the job did not stop in time")
+        error = ErrorInfo(
+            stage=_stage_of(a.status),
+            kind="interrupted",
+            message="the service shut down and the job did not stop in time",
+        )
         await self._finish(a, "failed", error=error)
 
     def _remember(self, result: JobResult) -> None:
@@ -840,7 +899,11 @@ async def _drain(task: asyncio.Task[Any], grace: float) -> None:
 
 
 def _timeout_error(stage: str, a: _Active, ceiling: float | None) -> RaasError:
-    if ceiling is not None and a.stage_s.get(stage, 0.0) >= ceiling - 1e-6 and a.counted_s < a.budget_s - 1e-6:
+    if (
+        ceiling is not None
+        and a.stage_s.get(stage, 0.0) >= ceiling - 1e-6
+        and a.counted_s < a.budget_s - 1e-6
+    ):
         message = f"{stage} exceeded its stage limit of {ceiling:g}s"
     else:
         message = f"the job used its {a.budget_s:g}s budget of in-stage time (stopped in {stage})"
@@ -850,13 +913,19 @@ def _timeout_error(stage: str, a: _Active, ceiling: float | None) -> RaasError:
 def _cancel_error(reason: str, stage: str) -> RaasError:
     if reason == "shutdown":
         return RaasError("the service is shutting down", kind="interrupted", stage=stage)
-    return RaasError(f"cancelled ({reason})" if reason != "cancelled" else "cancelled by request",
-                     kind="cancelled", stage=stage)
+    return RaasError(
+        f"cancelled ({reason})" if reason != "cancelled" else "cancelled by request",
+        kind="cancelled",
+        stage=stage,
+    )
 
 
 def _wrong_type(stage: str, expected: str, value: Any) -> RaasError:
-    return RaasError(f"the handler's {stage}() returned {type(value).__name__}, expected {expected}",
-                     kind="handler_error", stage=stage)
+    return RaasError(
+        f"the handler's {stage}() returned {type(value).__name__}, expected {expected}",
+        kind="handler_error",
+        stage=stage,
+    )
 
 
 def _waiting_for(status: str) -> str:
@@ -875,5 +944,9 @@ def _as_dict(server: Any) -> dict[str, Any]:
     if hasattr(server, "__dataclass_fields__"):
         import dataclasses
 
-        return {k: v for k, v in dataclasses.asdict(server).items() if isinstance(v, (str, int, float, bool, type(None)))}
+        return {
+            k: v
+            for k, v in dataclasses.asdict(server).items()
+            if isinstance(v, (str, int, float, bool, type(None)))
+        }
     return {"address": str(server)}

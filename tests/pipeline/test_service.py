@@ -277,3 +277,27 @@ async def test_agent_overrides_in_sampling_params_are_validated(make_service: Se
     result = await svc.wait(job_id, 30)
     assert result is not None and result.status == "failed"
     assert result.error is not None and (result.error.stage, result.error.kind) == ("run", "bad_request")
+
+
+async def test_llm_pause_does_not_count_against_run_budget(make_service: ServiceFactory) -> None:
+    from raas.llm import LLMBalancer
+
+    balancer = LLMBalancer(health_interval_s=0)
+    svc = await make_service()
+    svc.balancer = balancer  # a real balancer with no servers: pausing only holds new requests
+    try:
+        job_id = await submit(svc, script(run={"sleep": 0.6}), timeout_s=0.5)
+        await reach(svc, job_id, "run")
+        await svc.pause_llm()
+        assert svc.status()["llm_paused"] is True
+        await asyncio.sleep(0.4)  # a weight sync
+        await svc.resume_llm()
+        result = await svc.wait(job_id, 30)
+        assert result is not None and result.status == "completed", result.error
+        assert (
+            result.timing.run_s >= 0.6
+        )  # wall time in RUN exceeded the budget; the paused part did not count
+        job_id = await submit(svc, script(run={"sleep": 60}), timeout_s=0.3)  # without a pause: times out
+        assert (await svc.wait(job_id, 30)).status == "timeout"  # type: ignore[union-attr]
+    finally:
+        await balancer.aclose()

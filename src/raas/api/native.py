@@ -204,14 +204,15 @@ async def clear_servers(request: Request) -> OkResponse:
 
 @router.post("/v1/llm:pause", response_model=OkResponse, responses={503: {"description": "No LLM layer"}})
 async def pause(request: Request) -> OkResponse:
-    """Hold new generate calls (in-flight ones finish) — e.g. around a weight sync."""
-    await _call(balancer_of(service_of(request)).pause())
+    """Hold new generate calls and wait for in-flight ones (weight sync); RUN stages do not time out for
+    the time they spend paused."""
+    await service_of(request).pause_llm()
     return OkResponse(detail="paused")
 
 
 @router.post("/v1/llm:resume", response_model=OkResponse, responses={503: {"description": "No LLM layer"}})
 async def resume(request: Request) -> OkResponse:
-    await _call(balancer_of(service_of(request)).resume())
+    await service_of(request).resume_llm()
     return OkResponse(detail="resumed")
 
 

@@ -164,6 +164,8 @@ class RolloutService:
         self._idle = asyncio.Event()
         self._idle.set()
         self._finished_counts: dict[str, int] = {}
+        self._paused_since: float | None = None
+        self._paused_total = 0.0
         self.gauges = CollectorRegistry(auto_describe=True)
         self.gauges.register(
             metrics.StageGaugeCollector(self.stage_snapshot, lambda: len(self.llm_servers()))
@@ -521,6 +523,30 @@ class RolloutService:
                     queued[stage] += 1
         return {s: {"queued": queued[s], "active": self._running[s], "workers": workers[s]} for s in STAGES}
 
+    # -- LLM pause (weight sync) ----------------------------------------------------------------------
+
+    def llm_paused_s(self) -> float:
+        """Seconds the LLM has been paused through this service, in total (a monotonic clock)."""
+        current = time.monotonic() - self._paused_since if self._paused_since is not None else 0.0
+        return self._paused_total + current
+
+    async def pause_llm(self) -> None:
+        """Stop new generate calls and wait for in-flight ones (weight sync). Time RUN stages spend paused
+        does not count against their budget."""
+        if self.balancer is None:
+            raise RaasError("the LLM layer is not available in this service", kind="unavailable", stage="api")
+        if self._paused_since is None:
+            self._paused_since = time.monotonic()
+        await _maybe_await(self.balancer.pause())
+
+    async def resume_llm(self) -> None:
+        if self.balancer is None:
+            raise RaasError("the LLM layer is not available in this service", kind="unavailable", stage="api")
+        await _maybe_await(self.balancer.resume())
+        if self._paused_since is not None:
+            self._paused_total += time.monotonic() - self._paused_since
+            self._paused_since = None
+
     def llm_servers(self) -> list[dict[str, Any]]:
         if self.balancer is None:
             return []
@@ -613,18 +639,26 @@ class RolloutService:
             return
         a.task = asyncio.create_task(self._stage_coro(stage, a), name=f"raas-{stage}-{a.job.job_id}")
         started = time.monotonic()
+        paused_at_start = self.llm_paused_s()
+        used = 0.0
         try:
-            done, _ = await asyncio.wait({a.task}, timeout=limit)
+            while True:
+                done, _ = await asyncio.wait({a.task}, timeout=max(0.0, limit - used))
+                used = time.monotonic() - started
+                if stage == "run":  # waiting out an LLM pause (weight sync) is not the job's time
+                    used -= self.llm_paused_s() - paused_at_start
+                if done or used >= limit:
+                    break
         finally:
             elapsed = time.monotonic() - started
-            a.counted_s += elapsed
+            a.counted_s += used
             a.stage_s[stage] += elapsed
         task, a.task = a.task, None
         if not done:
             task.cancel()
             await _drain(task, self.config.cancel_grace_s)
             metrics.observe_stage(stage, elapsed, "timeout")
-            await self._abort(a, stage, _timeout_error(stage, a, ceiling))
+            await self._abort(a, stage, _timeout_error(stage, a, ceiling, used))
             return
         if a.cancel_reason is not None or task.cancelled():
             metrics.observe_stage(stage, elapsed, "cancelled")
@@ -898,12 +932,8 @@ async def _drain(task: asyncio.Task[Any], grace: float) -> None:
         task.exception()  # mark retrieved
 
 
-def _timeout_error(stage: str, a: _Active, ceiling: float | None) -> RaasError:
-    if (
-        ceiling is not None
-        and a.stage_s.get(stage, 0.0) >= ceiling - 1e-6
-        and a.counted_s < a.budget_s - 1e-6
-    ):
+def _timeout_error(stage: str, a: _Active, ceiling: float | None, used: float = 0.0) -> RaasError:
+    if ceiling is not None and used >= ceiling - 1e-6 and a.counted_s < a.budget_s - 1e-6:
         message = f"{stage} exceeded its stage limit of {ceiling:g}s"
     else:
         message = f"the job used its {a.budget_s:g}s budget of in-stage time (stopped in {stage})"

@@ -113,7 +113,7 @@ def fixture_dir(smol_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Cal
 
 
 def _threads() -> int:
-    return int(os.environ.get("RAAS_TEST_LLAMA_THREADS", "1"))
+    return int(os.environ.get("RAAS_TEST_LLAMA_THREADS", "1"))  # CI shares its cores with the tests
 
 
 @pytest.fixture(scope="session")

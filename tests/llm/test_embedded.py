@@ -46,10 +46,18 @@ async def test_bad_model_is_a_typed_error_and_leaves_nothing(tmp_path: Path) -> 
     assert srv.proc is None and srv._tmp is None
 
 
-def test_bad_settings_are_bad_requests() -> None:
+def test_bad_settings_are_bad_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(RaasError) as err:
         EmbeddedServer(parallel=0)
     assert err.value.kind == "bad_request"
+    monkeypatch.setenv("RAAS_LLAMA_THREADS", "many")
+    with pytest.raises(RaasError) as err:
+        EmbeddedServer()
+    assert err.value.kind == "bad_request"
+    monkeypatch.setenv("RAAS_LLAMA_THREADS", "3")
+    assert EmbeddedServer().threads == 3
+    monkeypatch.delenv("RAAS_LLAMA_THREADS")
+    assert 1 <= EmbeddedServer().threads <= 2
 
 
 async def test_cli_serve_prints_url_and_reaps_on_sigterm() -> None:

@@ -28,7 +28,12 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind")] = "127.0.0.1",
     parallel: Annotated[int, typer.Option("--parallel", "-np", help="Request slots")] = 8,
     ctx_per_slot: Annotated[int, typer.Option(help="Context tokens per slot")] = 2048,
-    threads: Annotated[int, typer.Option("--threads", "-t", help="CPU threads")] = 2,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            "--threads", "-t", help="CPU threads (default: $RAAS_LLAMA_THREADS, else 2 but at most cores - 1)"
+        ),
+    ] = None,
     model: Annotated[
         Path | None, typer.Option(help="GGUF file (default: embedded SmolLM2-135M-Instruct)")
     ] = None,

@@ -202,6 +202,8 @@ async def test_llm_server_management(make_api: APIFactory) -> None:
         assert result["status"] == "completed", result
         assert result["turns"][0]["output_ids"] == [42, 42] and result["turns"][0]["server"] == llm.url
         assert llm.requests[0].prompt_ids == [1, 2, 3]
+        scrape = (await c.get("/metrics")).text
+        assert f'raas_llm_latency_seconds_count{{ok="true",server="{llm.url}"}} 1.0' in scrape
         assert (await c.post("/v1/llm:pause")).status_code == 200
         assert (await c.get("/status")).json()["llm_paused"] is True
         assert (await c.post("/v1/llm:resume")).status_code == 200

@@ -76,6 +76,7 @@ class StageScriptHandler(TaskHandler):
                     output_ids=list(res.output_ids),
                     logprobs=list(res.logprobs),
                     finish_reason=str(res.finish_reason),
+                    latency_s=res.latency_s,
                     server=res.server,
                 )
             )

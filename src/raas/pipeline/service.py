@@ -684,6 +684,8 @@ class RolloutService:
                 await self._abort(a, stage, _wrong_type(stage, "RunOutput", value))
                 return
             a.run_output = value
+            for turn in value.turns:  # per-call LLM latency, as the agent loop measured it
+                metrics.observe_llm(turn.server or "unknown", turn.latency_s)
             assert a.env is not None
             a.env.run_output = value
             a.env.sandbox = None

@@ -301,3 +301,12 @@ async def test_llm_pause_does_not_count_against_run_budget(make_service: Service
         assert (await svc.wait(job_id, 30)).status == "timeout"  # type: ignore[union-attr]
     finally:
         await balancer.aclose()
+
+
+async def test_results_are_served_from_the_ledger_when_not_cached(make_service: ServiceFactory) -> None:
+    svc = await make_service(result_cache_size=0)
+    job_id = await submit(svc, script(eval={"reward": 0.75}))
+    waited = await svc.wait(job_id, 30)
+    again = await svc.result(job_id)  # no in-memory copy any more: read back from SQLite
+    assert waited is not None and again == waited and again.reward == 0.75
+    assert (await svc.wait(job_id, 0)) == waited

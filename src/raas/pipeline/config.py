@@ -63,6 +63,9 @@ class ServiceConfig(BaseModel):
     )
     max_results: int | None = Field(100_000, ge=1, description="Keep at most this many finished jobs")
     prune_interval_s: float = Field(60.0, gt=0)
+    result_cache_size: int = Field(
+        64, ge=0, description="Finished results kept in memory for fast polling (the ledger has them all)"
+    )
     max_attempts: int = Field(3, ge=1, description="Restarts a retry_on_restart job may survive")
 
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")

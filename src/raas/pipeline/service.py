@@ -888,7 +888,7 @@ class RolloutService:
 
     def _remember(self, result: JobResult) -> None:
         self._recent[result.job_id] = result
-        while len(self._recent) > 1024:
+        while len(self._recent) > self.config.result_cache_size:
             self._recent.popitem(last=False)
 
     def _set_status(self, a: _Active, status: str) -> None:

@@ -88,19 +88,19 @@ async def test_timeout_returns_partial_output(client: ToolClient, session_name: 
 
 
 async def test_sigint_ignoring_command_is_killed(client: ToolClient, session_name: str) -> None:
-    r = await client.bash(
-        "python3 -c 'import signal,time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)'",
-        session=session_name,
-        timeout=1,
-    )
+    # Ignore SIGINT first (children inherit it), so Ctrl-C cannot win a race with the command's start.
+    await client.bash("trap '' INT", session=session_name)
+    r = await client.bash("sleep 60", session=session_name, timeout=1)
     assert r.timed_out and not r.restarted
     assert r.exit_code == 137
+    await client.bash("trap - INT", session=session_name)
     assert (await client.bash("echo alive", session=session_name)).output == "alive\n"
 
 
 async def test_unrecoverable_shell_is_restarted(client: ToolClient, session_name: str) -> None:
-    await client.bash("VAR=lost", session=session_name)
-    r = await client.bash("trap '' INT; while :; do :; done", session=session_name, timeout=1)
+    await client.bash("VAR=lost; trap '' INT", session=session_name)
+    # A busy loop in the shell itself: Ctrl-C is ignored and the foreground group is the shell.
+    r = await client.bash("while :; do :; done", session=session_name, timeout=1)
     assert r.timed_out and r.restarted and r.exit_code is None
     r = await client.bash("echo ${VAR:-fresh}", session=session_name)
     assert r.output == "fresh\n" and not r.restarted
@@ -111,9 +111,9 @@ async def test_no_output_timeout(client: ToolClient, session_name: str) -> None:
     assert r.timed_out and r.output.strip() == "start"
     # A command that keeps printing is not cut by the no-output limit.
     r = await client.bash(
-        "for i in 1 2 3 4 5 6; do echo $i; sleep 0.3; done", session=session_name, no_output_timeout=1.5
+        "for i in 1 2 3 4 5 6 7 8; do echo $i; sleep 0.5; done", session=session_name, no_output_timeout=2.5
     )
-    assert not r.timed_out and r.output.split() == ["1", "2", "3", "4", "5", "6"]
+    assert not r.timed_out and r.output.split() == [str(i) for i in range(1, 9)]
 
 
 async def test_exit_restarts_session(

@@ -62,7 +62,7 @@ async def test_png_display(client: ToolClient) -> None:
 
 async def test_hang_is_interrupted_and_state_kept(client: ToolClient) -> None:
     await client.ipython("kept = 'yes'", timeout=60)
-    r = await client.ipython("import time\nprint('begin', flush=True)\ntime.sleep(60)", timeout=1)
+    r = await client.ipython("import time\nprint('begin', flush=True)\ntime.sleep(60)", timeout=3)
     assert r.timed_out and not r.restarted
     assert r.error is not None and r.error.ename == "KeyboardInterrupt"
     assert "begin" in r.stdout
@@ -71,11 +71,10 @@ async def test_hang_is_interrupted_and_state_kept(client: ToolClient) -> None:
 
 
 async def test_uninterruptible_hang_restarts_kernel(client: ToolClient) -> None:
-    await client.ipython("lost = 1", timeout=60)
-    code = (
-        "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    time.sleep(0.1)"
-    )
-    r = await client.ipython(code, timeout=1)
+    await client.ipython("import signal, time\nlost = 1", timeout=60)
+    # The kernel installs its SIGINT handler per execution: ignore it inside the hanging cell.
+    code = "signal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    time.sleep(0.1)"
+    r = await client.ipython(code, timeout=3)
     assert r.timed_out and r.restarted
     r = await client.ipython("'lost' in dir()", timeout=120)
     assert r.result == "False"

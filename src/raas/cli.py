@@ -131,11 +131,13 @@ async def service_in_process(config: Any) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def embedded_llm(context: int) -> AsyncIterator[str]:
+async def embedded_llm(context: int, slots: int) -> AsyncIterator[str]:
     """The embedded llama.cpp SmolLM2 server for the length of the block; yields its URL."""
     from raas.llm.embedded import EmbeddedServer
 
-    server = EmbeddedServer(ctx_per_slot=context)
+    # One decoding slot per RUN worker: more would sit idle, fewer would queue inside llama-server where
+    # the wait counts against the rollout's RUN time.
+    server = EmbeddedServer(ctx_per_slot=context, parallel=slots)
     await server.start()
     try:
         yield server.url
@@ -311,7 +313,7 @@ async def run_dataset(
             servers = list(llm)
             if not servers:
                 with console.status("starting the embedded model server (llama.cpp, SmolLM2-135M)..."):
-                    servers = [await stack.enter_async_context(embedded_llm(llm_context))]
+                    servers = [await stack.enter_async_context(embedded_llm(llm_context, workers[1]))]
             state = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="raas-run-")))
             config = ServiceConfig(
                 state_dir=state, sandbox=sandbox or {"backend": "local"}, llm_servers=servers,
@@ -323,7 +325,9 @@ async def run_dataset(
         client = await stack.enter_async_context(RaasClient(url, token=token, timeout_s=60.0))
         progress = RunProgress(len(jobs))
         with Live(progress.progress, console=console, refresh_per_second=4, transient=False):
-            results = await drive(client, jobs, progress, job_timeout_s=job_timeout_s * 4 + 60)
+            # No client-side deadline: queue waits do not count against a job's budget, and the service
+            # ends every accepted job (stage timeouts), so each long-poll returns eventually.
+            results = await drive(client, jobs, progress)
     wall = time.monotonic() - started
     if out is not None:
         write_jsonl(out, results)
@@ -372,7 +376,7 @@ def run(
     context_budget: Annotated[int, typer.Option(min=64, help="Prompt + response tokens per rollout")] = 2048,
     temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Sampling seed (per request)")] = None,
-    timeout: Annotated[float, typer.Option(min=1.0, help="Seconds of in-stage time per rollout")] = 300.0,
+    timeout: Annotated[float, typer.Option(min=1.0, help="Seconds of in-stage time per rollout")] = 600.0,
     init_workers: Annotated[int, typer.Option(min=1)] = 4,
     run_workers: Annotated[int, typer.Option(min=1)] = 8,
     eval_workers: Annotated[int, typer.Option(min=1)] = 2,

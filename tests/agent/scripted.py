@@ -35,12 +35,13 @@ def completions(tok: ChatTokenizer, texts: Sequence[str], *, logprob_base: float
 
 @asynccontextmanager
 async def scripted_policy(tok: ChatTokenizer, texts: Sequence[str], agent: AgentConfig | None = None,
+                          weight_version: str | None = None,
                           ) -> AsyncIterator[tuple[ScriptedLLM, LLMContext, list[Completion]]]:
     """A scripted server replaying ``texts`` and an LLMContext routing to it through a real balancer."""
     script = completions(tok, texts)
     async with ScriptedLLM(replay(script)) as server:
         balancer = LLMBalancer(health_interval_s=0)
-        balancer.add(server.url)
+        balancer.add(server.url, weight_version=weight_version)
         try:
             yield server, LLMContext(balancer=balancer, tokenizer=tok, agent=agent or AgentConfig()), script
         finally:

@@ -193,3 +193,25 @@ async def test_dead_sandbox_is_a_typed_infrastructure_error(tokenizer: ChatToken
         with pytest.raises(RaasError) as e:
             await run_agent(make_job(), sandbox, llm, TOOLS, user_prompt="q")
     assert e.value.kind == "sandbox_dead"
+
+
+async def test_editor_and_submit_with_weight_version(tokenizer: ChatTokenizer, sandbox: Sandbox) -> None:
+    path = sandbox.workspace / "notes.txt"  # the local backend works in its host workspace directly
+    texts = [
+        tool_call("str_replace_editor", command="create", path=str(path), file_text="alpha\nbeta\n"),
+        tool_call("str_replace_editor", command="str_replace", path=str(path), old_str="beta", new_str="gamma"),
+        tool_call("str_replace_editor", command="view", path=str(path)),
+        tool_call("str_replace_editor", command="str_replace", path=str(path), old_str="nope", new_str="x"),
+        tool_call("submit"),
+    ]
+    tools = ToolSet(["bash", "str_replace_editor", "submit"])
+    async with scripted_policy(tokenizer, texts, weight_version="w7") as (server, llm, _):
+        out = await run_agent(make_job(), sandbox, llm, tools, AgentConfig(max_turns=6), user_prompt="edit")
+    assert out.finish_reason == "finish_tool" and out.answer is None
+    assert all(t.weight_version == "w7" for t in out.turns)
+    observations = [m.content for m in out.messages if m.role == "tool"]
+    assert "gamma" in observations[2] and "beta" not in observations[2]
+    assert observations[3].startswith("Error (tool_error)")  # a user mistake, shown to the policy
+    assert out.metrics["tool_errors"] == 1
+    assert (await sandbox.tools.read_file(str(path))) == b"alpha\ngamma\n"
+    assert_token_exact(out, server)

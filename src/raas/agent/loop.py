@@ -187,7 +187,7 @@ async def run_agent(
                     st.bump("tool_calls")
                     bad = tools.check(call.name, call.arguments)
                     if bad is None and tools.is_terminal(call.name):
-                        answer = str(call.arguments.get("answer", ""))
+                        answer = str(call.arguments["answer"]) if call.arguments.get("answer") is not None else None
                         stop = "finish_tool"
                         break
                     if bad is not None:

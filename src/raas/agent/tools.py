@@ -86,6 +86,18 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             },
         },
     },
+    "submit": {
+        "type": "function",
+        "function": {
+            "name": "submit",
+            "description": "Declare the task done (the sandbox's current state is what gets evaluated).",
+            "parameters": {
+                "type": "object",
+                "properties": {"answer": {"type": "string", "description": "An optional final answer."}},
+                "required": [],
+            },
+        },
+    },
 }
 
 _TYPES: dict[str, tuple[type, ...]] = {

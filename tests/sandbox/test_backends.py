@@ -225,12 +225,21 @@ async def test_bad_images_are_typed_errors(sandbox_manager: SandboxManager, sand
 
 
 @ALL
-async def test_start_timeout_is_typed(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
-    hurried = sandbox_config.model_copy(update={"start_timeout_s": 0.001})
+async def test_start_timeout_is_typed(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig,
+                                      backend: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Test double of a tool server that hangs before it is ready: a module of the same name that sleeps.
+    hung = tmp_path_factory.mktemp("hung-server")
+    (hung / "raas_toolserver.py").write_text("import time\ntime.sleep(600)\n")
+    hung.chmod(0o755)
+    (hung / "raas_toolserver.py").chmod(0o644)
+    inner = str(hung) if backend == "local" else "/tmp/hung"
+    cfg = sandbox_config.model_copy(update={
+        "start_timeout_s": 1.0, "env": {"PYTHONPATH": inner},
+        "binds": [] if backend == "local" else [f"{hung}:{inner}:ro"]})
     with pytest.raises(RaasError) as e:
-        await sandbox_manager.start(hurried, owner="t")
-    assert e.value.kind == "sandbox_start_failed"
-    assert sandbox_manager.list() == []
+        await sandbox_manager.start(cfg, owner="t")
+    assert e.value.kind == "sandbox_start_failed" and "not ready after" in e.value.message
+    assert sandbox_manager.list() == []  # and the fixture checks the hung process is gone
 
 
 async def test_docker_when_an_engine_answers(sandbox_manager: SandboxManager) -> None:

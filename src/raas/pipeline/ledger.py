@@ -116,6 +116,20 @@ class _Stop:
     pass
 
 
+_Op = tuple[Callable[[sqlite3.Connection], Any], "asyncio.Future[Any] | None"]
+
+
+def _resolve(outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    """Runs on the event loop: hand each committed operation's outcome to whoever awaits it."""
+    for fut, value, exc in outcomes:
+        if fut.done():
+            continue
+        if exc is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(exc)
+
+
 _STOP = _Stop()
 
 
@@ -128,10 +142,12 @@ class Ledger:
         self.path = Path(path)
         self.result_ttl_s = result_ttl_s
         self.max_results = max_results
-        self._ops: queue.SimpleQueue[
-            tuple[Callable[[sqlite3.Connection], Any], concurrent.futures.Future[Any]] | _Stop
-        ]
-        self._ops = queue.SimpleQueue()
+        # Operations queued by the event loop during one loop iteration travel to the writer as one batch
+        # (one cross-thread wake-up), and one callback per committed batch resolves the waiting futures.
+        self._ops: queue.SimpleQueue[list[_Op] | _Stop] = queue.SimpleQueue()
+        self._pending: list[_Op] = []
+        self._flush_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -146,6 +162,7 @@ class Ledger:
             raise RaasError(
                 f"cannot create the ledger directory {self.path.parent}: {exc}", kind="internal"
             ) from exc
+        self._loop = asyncio.get_running_loop()
         ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._writer, args=(ready,), name="raas-ledger", daemon=True)
         self._thread.start()
@@ -156,6 +173,7 @@ class Ledger:
         if self._thread is None or self._closed:
             return
         self._closed = True
+        self._flush()
         self._ops.put(_STOP)
         await asyncio.to_thread(self._thread.join)
 
@@ -173,49 +191,63 @@ class Ledger:
         stop = False
         try:
             while not stop:
-                batch = [self._ops.get()]
+                items = [self._ops.get()]
                 while True:
                     try:
-                        batch.append(self._ops.get_nowait())
+                        items.append(self._ops.get_nowait())
                     except queue.Empty:
                         break
-                work = []
-                for item in batch:
+                work: list[_Op] = []
+                for item in items:
                     if isinstance(item, _Stop):
                         stop = True
                     else:
-                        work.append(item)
-                if not work:
-                    continue
-                outcomes: list[tuple[concurrent.futures.Future[Any], Any, BaseException | None]] = []
-                conn.execute("BEGIN")
-                for fn, fut in work:
-                    try:
-                        outcomes.append((fut, fn(conn), None))
-                    except Exception as exc:
-                        outcomes.append((fut, None, exc))
-                try:
-                    conn.execute("COMMIT")
-                except Exception as exc:
-                    outcomes = [(fut, None, exc) for fut, _, _ in outcomes]
-                for fut, value, exc in outcomes:
-                    if fut.set_running_or_notify_cancel():
-                        if exc is None:
-                            fut.set_result(value)
-                        else:
-                            fut.set_exception(exc)
+                        work.extend(item)
+                if work:
+                    self._commit(conn, work)
         finally:
             conn.close()
 
-    def _submit(self, fn: Callable[[sqlite3.Connection], T]) -> concurrent.futures.Future[T]:
-        if self._thread is None or self._closed:
+    def _commit(self, conn: sqlite3.Connection, work: list[_Op]) -> None:
+        outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        conn.execute("BEGIN")
+        for fn, fut in work:
+            try:
+                value, exc = fn(conn), None
+            except Exception as e:
+                value, exc = None, e
+            if fut is not None:
+                outcomes.append((fut, value, exc))
+        try:
+            conn.execute("COMMIT")
+        except Exception as e:
+            outcomes = [(fut, None, e) for fut, _, _ in outcomes]
+        if outcomes and self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(_resolve, outcomes)
+            except RuntimeError:  # the loop is gone: nobody is waiting any more
+                pass
+
+    def _submit(self, fn: Callable[[sqlite3.Connection], T], *, wait: bool) -> asyncio.Future[T] | None:
+        if self._thread is None or self._closed or self._loop is None:
             raise RaasError("the ledger is closed", kind="internal")
-        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._ops.put((fn, fut))
+        fut: asyncio.Future[T] | None = self._loop.create_future() if wait else None
+        self._pending.append((fn, fut))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
         return fut
 
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        batch, self._pending = self._pending, []
+        if batch:
+            self._ops.put(batch)
+
     async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        return await asyncio.wrap_future(self._submit(fn))
+        fut = self._submit(fn, wait=True)
+        assert fut is not None
+        return await fut
 
     # -- writes ------------------------------------------------------------------------------------------
 
@@ -273,7 +305,7 @@ class Ledger:
                 (job_id, status, at, detail),
             )
 
-        self._submit(op)
+        self._submit(op, wait=False)
 
     async def finish(self, result: JobResult, at: float) -> None:
         """Record a terminal result (committed when this returns)."""

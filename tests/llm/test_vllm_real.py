@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
+import signal
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -421,6 +424,53 @@ async def test_cancelled_start_leaves_no_process() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert group_members(pgid) == [] and server.proc is None and server.log_path is None
+
+
+_ORPHAN_PARENT = """
+import asyncio, sys
+from raas.llm.vllm_launcher import VLLMServer, group_members
+
+async def main():
+    server = VLLMServer()
+    task = asyncio.create_task(server.start())
+    while server.pgid is None or len(group_members(server.pgid)) < 2:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.05)
+    print(server.pgid, flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.integration
+async def test_server_dies_with_a_killed_raas_process() -> None:
+    """SIGKILL leaves raas no chance to clean up: PR_SET_PDEATHSIG must take vLLM (and its engine
+    core) down."""
+    parent = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _ORPHAN_PARENT, stdout=asyncio.subprocess.PIPE
+    )
+    assert parent.stdout is not None
+    pgid = 0
+    try:
+        line = await asyncio.wait_for(parent.stdout.readline(), timeout=300)
+        pgid = int(line)
+        assert len(group_members(pgid)) >= 2
+        parent.kill()
+        await parent.wait()
+        for _ in range(1200):  # bounded wait, not a timing assertion
+            if not group_members(pgid):
+                break
+            await asyncio.sleep(0.05)
+        assert group_members(pgid) == []
+    finally:
+        if parent.returncode is None:
+            parent.kill()
+            await parent.wait()
+        if pgid and group_members(pgid):
+            os.killpg(pgid, signal.SIGKILL)
 
 
 @pytest.mark.vllm

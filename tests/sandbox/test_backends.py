@@ -252,3 +252,25 @@ async def test_docker_when_an_engine_answers(sandbox_manager: SandboxManager) ->
     image = os.environ.get("RAAS_TEST_DOCKER_IMAGE", "python:3.12-slim")
     async with sandbox_manager.sandbox(SandboxConfig(backend="docker", image=image), owner="t") as sb:
         assert (await sb.tools.bash("echo hi")).output.strip() == "hi"
+
+
+CHATTY = '''import os, runpy, sys
+# Test double: floods stdout (one line far over the reader's limit, then normal lines), then runs the
+# real tool server, which must still be found through its ready line.
+sys.stdout.write("x" * 300000 + "\\n" + "hello\\n" * 1000)
+sys.stdout.flush()
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != here]
+sys.modules.pop("raas_toolserver", None)
+runpy.run_module("raas_toolserver", run_name="__main__", alter_sys=True)
+'''
+
+
+async def test_chatty_server_is_still_found(sandbox_manager: SandboxManager,
+                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+    chatty = tmp_path_factory.mktemp("chatty-server")
+    (chatty / "raas_toolserver.py").write_text(CHATTY)
+    bundle = await sandbox_manager.bundle_dir()
+    cfg = SandboxConfig(backend="local", env={"PYTHONPATH": f"{chatty}:{bundle}"})
+    async with sandbox_manager.sandbox(cfg, owner="t") as sb:
+        assert (await sb.tools.bash("echo fine")).output.strip() == "fine"

@@ -285,7 +285,10 @@ class Sandbox(ABC):
 
         async def read_until_ready() -> None:
             while True:
-                line = await stdout.readline()
+                try:
+                    line = await stdout.readline()
+                except ValueError:  # an over-long line of chatter before the ready line: skip it
+                    continue
                 if not line:
                     await self._proc.wait()  # type: ignore[union-attr]
                     raise RaasError(

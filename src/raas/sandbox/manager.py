@@ -25,6 +25,7 @@ import secrets
 import signal
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -150,7 +151,7 @@ class SandboxManager:
                  on_close=self._forget)
         lease = lease_s if lease_s is not None else self.default_lease_s
         if lease is not None:
-            sb.lease_deadline = asyncio.get_running_loop().time() + lease
+            sb.lease_deadline = time.time() + lease
         self._live[sid] = sb
         self.started_ids.append(sid)
         self._write_record(sb)  # before any process exists: a crash from here on is reapable
@@ -180,7 +181,7 @@ class SandboxManager:
         if old is not None:
             old.cancel()
         loop = asyncio.get_running_loop()
-        sb.lease_deadline = loop.time() + lease_s
+        sb.lease_deadline = time.time() + lease_s  # wall clock: it is written to the record
 
         def expire() -> None:
             self._lease_timers.pop(sb.id, None)

@@ -60,6 +60,9 @@ CREATE INDEX IF NOT EXISTS transitions_job ON transitions(job_id);
 
 _TERMINAL_SQL = "(" + ",".join(f"'{s}'" for s in sorted(TERMINAL)) + ")"
 
+TRANSITION_DELAY_S = 0.005
+"""How long a fire-and-forget transition may wait for company before it is handed to the writer."""
+
 _STAGE_OF_STATUS = {
     "queued": "queue",
     "queued_run": "queue",
@@ -146,7 +149,8 @@ class Ledger:
         # (one cross-thread wake-up), and one callback per committed batch resolves the waiting futures.
         self._ops: queue.SimpleQueue[list[_Op] | _Stop] = queue.SimpleQueue()
         self._pending: list[_Op] = []
-        self._flush_scheduled = False
+        self._flush_handle: asyncio.Handle | None = None
+        self._flush_soon = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -233,13 +237,24 @@ class Ledger:
             raise RaasError("the ledger is closed", kind="internal")
         fut: asyncio.Future[T] | None = self._loop.create_future() if wait else None
         self._pending.append((fn, fut))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        if wait:
+            # Someone awaits this: hand the batch over at the end of this loop iteration.
+            if self._flush_handle is not None and not self._flush_soon:
+                self._flush_handle.cancel()
+                self._flush_handle = None
+            if self._flush_handle is None:
+                self._flush_handle = self._loop.call_soon(self._flush)
+                self._flush_soon = True
+        elif self._flush_handle is None:
+            # Fire-and-forget transitions may wait a few milliseconds to share a batch.
+            self._flush_handle = self._loop.call_later(TRANSITION_DELAY_S, self._flush)
+            self._flush_soon = False
         return fut
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        self._flush_handle = None
         batch, self._pending = self._pending, []
         if batch:
             self._ops.put(batch)

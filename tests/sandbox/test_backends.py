@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import resource
 import shutil
 import signal
 import tarfile
@@ -110,14 +111,27 @@ async def test_command_timeout_from_config(sandbox_manager: SandboxManager, sand
 
 @ALL
 async def test_rlimits(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
-    cfg = sandbox_config.model_copy(update={"memory_mb": 1024, "file_size_mb": 1})
+    # RLIMIT_NPROC counts every process of the uid host-wide (see limits.py), so only a generous value
+    # is safe to set here; that it arrives is what is checked.
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    nproc = 50000 if hard == resource.RLIM_INFINITY or hard > 50000 else hard
+    cfg = sandbox_config.model_copy(update={"memory_mb": 1024, "file_size_mb": 1, "max_procs": nproc})
     async with sandbox_manager.sandbox(cfg, owner="t") as sb:
-        r = await sb.tools.bash("ulimit -f; ulimit -v")
-        assert r.output.split() == [str(1024), str(1024 * 1024)]  # bash reports KiB blocks
+        r = await sb.tools.bash("ulimit -f; ulimit -v; ulimit -u")
+        assert r.output.split() == [str(1024), str(1024 * 1024), str(nproc)]  # bash reports KiB blocks
         r = await sb.tools.bash("head -c 2000000 /dev/zero > big; echo rc=$?; stat -c %s big")
         assert "rc=0" not in r.output and r.output.strip().endswith(str(1 << 20))
         r = await sb.tools.bash("python3 -c 'x = bytearray(2000 << 20)' 2>&1 | tail -1")
         assert "MemoryError" in r.output
+
+
+@ALL
+async def test_output_cap_from_config(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+    cfg = sandbox_config.model_copy(update={"output_cap_bytes": 2000})
+    async with sandbox_manager.sandbox(cfg, owner="t") as sb:
+        r = await sb.tools.bash("seq 1 100000")
+        assert r.truncated and "bytes truncated" in r.output and len(r.output) < 2200
+        assert r.output.startswith("1\n2\n") and r.output.rstrip().endswith("100000")
 
 
 @ALL

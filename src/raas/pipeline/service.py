@@ -689,13 +689,17 @@ class RolloutService:
             assert a.env is not None
             a.env.run_output = value
             a.env.sandbox = None
+            closing = time.monotonic()
             await a.sandboxes.close_all()  # the RUN sandbox goes before EVAL starts
+            a.stage_s["run"] += time.monotonic() - closing  # reported as RUN time, not budgeted
             self._next(a, "eval")
         else:
             if not isinstance(value, EvalOutput):
                 await self._abort(a, stage, _wrong_type(stage, "EvalOutput", value))
                 return
+            closing = time.monotonic()
             await self._release(a)
+            a.stage_s["eval"] += time.monotonic() - closing
             await self._complete(a, value)
 
     async def _stage_coro(self, stage: StageName, a: _Active) -> Any:
@@ -746,6 +750,7 @@ class RolloutService:
             return
         a.finishing = True
         hook_stage = stage if stage in STAGES else _waiting_for(a.status)
+        cleanup = time.monotonic()
         try:
             await asyncio.wait_for(
                 a.handler.on_error(hook_stage, a.job, a.env, exc), self.config.hook_timeout_s
@@ -753,6 +758,8 @@ class RolloutService:
         except Exception:
             log.exception("on_error hook failed for job %s", a.job.job_id)
         await self._release(a)
+        if stage in STAGES:  # the hook and the clean-up are reported as part of the stage
+            a.stage_s[stage] += time.monotonic() - cleanup
         if isinstance(exc, RaasError):
             kind, message = exc.kind, exc.message
         elif isinstance(exc, asyncio.CancelledError):

@@ -135,7 +135,7 @@ async def test_trainer_flow_from_the_reference(make_api: APIFactory) -> None:
             res = r.json()
             assert res["critical_error"] is None, res
             summarize_like_the_reference(res)
-            assert res["instance_id"] == "repo__issue__hash" and str(res["trajectory_id"]) == str(i)
+            assert res["instance_id"] == "repo__issue__hash" and res["trajectory_id"] == i
             assert res["resolved"] is True and res["success"] is True and res["filter"] is False
             assert res["finish"] is True and res["end_properly"] is True and res["error"] is None
             assert res["git_patch"] == "diff --git a/x b/x"

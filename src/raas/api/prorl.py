@@ -264,6 +264,9 @@ async def process(body: ProcessRequest, request: Request) -> Any:
     finally:
         gate.jobs.discard(job_id)
     payload = prorl_result(result)
+    # The reference echoes the instance's own ids, with their JSON types (None when absent).
+    payload["instance_id"] = body.instance.get("instance_id")
+    payload["trajectory_id"] = body.instance.get("trajectory_id")
     if job_id in gate.stopped_jobs:
         gate.stopped_jobs.discard(job_id)
         return _detail(503, "Server is stopping; job cancelled", "unavailable", payload)

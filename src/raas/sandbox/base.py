@@ -390,6 +390,7 @@ class Sandbox(ABC):
         try:
             await asyncio.to_thread(self._cleanup_sync)
         finally:
+            self._notify_closed()  # on the loop thread: the manager's books are not thread-safe
             self._closed_event.set()
 
     def kill_sync(self) -> None:
@@ -399,12 +400,15 @@ class Sandbox(ABC):
             procs.killpg_quietly(self._proc.pid, signal.SIGKILL)
             procs.kill_quietly(self._proc.pid, signal.SIGKILL)
         self._cleanup_sync()
+        self._notify_closed()
 
     def _cleanup_sync(self) -> None:
         procs.kill_by_env(self.id)
         for p in getattr(self, "_extra_cleanup", []):
             remove_tree(p)
         remove_tree(self.scratch)
+
+    def _notify_closed(self) -> None:
         if self._on_close is not None:
             cb, self._on_close = self._on_close, None
             cb(self)

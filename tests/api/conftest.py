@@ -17,7 +17,11 @@ import uvicorn
 from raas.api.app import create_app
 from raas.pipeline.config import ServiceConfig
 from raas.pipeline.service import RolloutService
-from tests.pipeline.conftest import RecordingSandboxManager, assert_no_leftovers, script_handler
+from tests.pipeline.conftest import (
+    RecordingSandboxManager,
+    assert_no_leftovers,
+    script_handler,
+)
 
 __all__ = ["script_handler"]
 
@@ -86,6 +90,7 @@ async def make_api(
         await api.client.aclose()
         await served.stop()
         assert_no_leftovers(api.manager)
+        assert not api.service.ledger.running, "the ledger writer thread outlived shutdown"
         await api.manager.close_all()
 
 

@@ -70,6 +70,7 @@ async def make_service(tmp_path: Path, script_handler: Any) -> AsyncIterator[Ser
     for svc, manager in made:
         await svc.shutdown(0)
         assert_no_leftovers(manager)
+        assert not svc.ledger.running, "the ledger writer thread outlived shutdown"
         await manager.close_all()
 
 

@@ -172,6 +172,11 @@ class Ledger:
         self._thread.start()
         await asyncio.wrap_future(ready)
 
+    @property
+    def running(self) -> bool:
+        """True while the writer thread is alive (leak checks)."""
+        return self._thread is not None and self._thread.is_alive()
+
     async def close(self) -> None:
         """Flush every queued write, then close the connection and join the writer thread."""
         if self._thread is None or self._closed:

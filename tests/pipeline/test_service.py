@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 
@@ -213,8 +214,21 @@ async def test_events_stream_every_transition(make_service: ServiceFactory) -> N
     assert seen == ["queued", "init", "queued_run", "run", "queued_eval", "eval", "completed"]
 
 
-async def test_run_sandbox_is_closed_before_eval(make_service: ServiceFactory) -> None:
-    svc = await make_service()
+def sandbox_for(backend: str, request: pytest.FixtureRequest) -> dict[str, object]:
+    """The default SandboxConfig for ``backend``; bwrap runs the shared test image (tests/conftest.py)."""
+    if backend == "local":
+        return {"backend": "local"}
+    reason = request.getfixturevalue("backend_available")[backend]
+    if reason:
+        pytest.skip(reason)
+    return {"backend": backend, "image": str(request.getfixturevalue("test_image"))}
+
+
+@pytest.mark.parametrize("backend", ["local", "bwrap"])
+async def test_run_sandbox_is_closed_before_eval(
+    make_service: ServiceFactory, backend: str, request: pytest.FixtureRequest
+) -> None:
+    svc = await make_service(sandbox=sandbox_for(backend, request))
     job_id = await submit(svc, script(init={"sandbox": True}, run={"bash": "echo hi"}, eval={"sleep": 60}))
     await reach(svc, job_id, "eval")
     manager = svc.sandbox_manager
@@ -237,14 +251,18 @@ async def test_eval_sandbox_and_cancel_release_everything(make_service: ServiceF
     assert all(procs.pids_with_env(s) == [] for s in manager.started_ids)  # type: ignore[union-attr]
 
 
-async def test_sandbox_killed_mid_run(make_service: ServiceFactory) -> None:
-    svc = await make_service()
+@pytest.mark.parametrize("backend", ["local", "bwrap"])
+async def test_sandbox_killed_mid_run(
+    make_service: ServiceFactory, backend: str, request: pytest.FixtureRequest
+) -> None:
+    svc = await make_service(sandbox=sandbox_for(backend, request))
     job_id = await submit(svc, script(init={"sandbox": True}, run={"bash": "sleep 60"}))
     await reach(svc, job_id, "run")
     manager = svc.sandbox_manager
     (sandbox,) = manager.list(owner=job_id)
     for pid in procs.pids_with_env(sandbox.id):
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # killing bwrap takes its whole PID namespace along
+            os.kill(pid, signal.SIGKILL)
     result = await svc.wait(job_id, 60)
     assert result is not None and result.status == "failed" and result.filter and result.reward is None
     assert result.error is not None and result.error.stage == "run"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import compileall
 import contextlib
 import fcntl
 import hashlib
@@ -139,7 +140,15 @@ class SandboxManager:
         from raas.toolserver.bundle import build_bundle
 
         # Content-addressed and shared by every manager of this state dir.
-        return build_bundle(self.state_dir / "bundles")
+        bundle = build_bundle(self.state_dir / "bundles")
+        # It is bound read-only, so the server could never cache its bytecode: compile it once here.
+        # (Used when the image's python3 has the host's minor version; ignored otherwise.)
+        if not any(bundle.rglob("__pycache__")):
+            compileall.compile_dir(str(bundle), quiet=2, workers=1)
+            for p in bundle.rglob("*"):
+                with contextlib.suppress(OSError):
+                    p.chmod(0o755 if p.is_dir() else 0o644)
+        return bundle
 
     # ---- starting ------------------------------------------------------------------------------------
     async def start(self, config: SandboxConfig, *, owner: str, lease_s: float | None = None) -> Sandbox:

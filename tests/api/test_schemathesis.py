@@ -9,6 +9,7 @@ the ProRL routes' documented 503 (the ProRL lifecycle starts stopped, and a fuzz
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -104,7 +105,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedServer]:
 
 @schema.parametrize()
 @settings(
-    max_examples=12,
+    max_examples=int(os.environ.get("RAAS_FUZZ_EXAMPLES", "12")),
     deadline=None,
     derandomize=True,
     suppress_health_check=[

@@ -104,6 +104,8 @@ async def test_backpressure_answers_429_with_retry_after(make_api: APIFactory) -
     ("method", "path", "body", "status", "phrase"),
     [
         ("POST", "/v1/jobs", b"{not json", 422, "json"),
+        ("POST", "/v1/jobs", b'{"instance": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", 400, "pars"),
+        ("POST", "/v1/jobs", b"\xff\xfe", 422, "json"),
         ("POST", "/v1/jobs", {"instance": "x"}, 422, "instance"),
         ("POST", "/v1/jobs", {"instance": {"data_source": 5}}, 422, "data_source"),
         (

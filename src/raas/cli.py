@@ -100,12 +100,14 @@ def _quiet_uvicorn(app_: Any, **options: Any) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def service_in_process(config: Any) -> AsyncIterator[str]:
-    """Run the rollout service and its HTTP API on a free local port; yields the base URL."""
+async def service_in_process(config: Any, **layers: Any) -> AsyncIterator[str]:
+    """Run the rollout service and its HTTP API on a free local port; yields the base URL.
+
+    ``layers`` go to :class:`RolloutService` (e.g. a ``sandbox_manager`` the caller owns and inspects)."""
     from raas.api.app import create_app
     from raas.pipeline.service import RolloutService
 
-    service = RolloutService(config)
+    service = RolloutService(config, **layers)
     await service.start()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -195,14 +197,16 @@ async def drive(client: Any, jobs: list[dict[str, Any]], progress: RunProgress |
                 *, job_timeout_s: float | None = None, parallel_polls: int = 48) -> list[dict[str, Any]]:
     """Submit ``jobs`` and collect every result (in submission order)."""
     progress = progress or RunProgress(len(jobs))
+    for j in jobs:
+        progress.state[j["job_id"]] = "queued"
+    progress.refresh()
     events_task = asyncio.create_task(_follow_events(client, progress))
     try:
         await asyncio.sleep(0)  # let the subscription open before the first job can move
-        accepted = []
         for start in range(0, len(jobs), 256):
-            accepted.extend(await client.submit_batch(jobs[start:start + 256]))
-        for item in accepted:
-            progress.set(str(item.get("job_id")), str(item.get("status", "queued")))
+            for item in await client.submit_batch(jobs[start:start + 256]):
+                if item.get("status") in TERMINAL:  # an earlier run already finished it (idempotent ids)
+                    progress.set(str(item.get("job_id")), str(item["status"]))
         gate = asyncio.Semaphore(parallel_polls)
 
         async def one(job_id: str) -> dict[str, Any]:

@@ -14,13 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.conftest import leftovers
 from tests.e2e.recording_proxy import Exchange, RecordingProxy
 
 from raas.cli import service_in_process
 from raas.llm.embedded import EmbeddedServer
 from raas.llm.models import prepare_tokenizer
 from raas.pipeline.config import ServiceConfig
-from raas.sandbox import procs as sbprocs
+from raas.sandbox import SandboxManager
 from raas.tasks.datasets import builtin_math
 from raas.trainer.client import RaasClient
 
@@ -33,10 +34,11 @@ SAMPLING = {"temperature": 1.0, "seed": 1234}
 @pytest.fixture
 async def stack(tmp_path: Path, test_image: Path, backend_available: dict[str, str | None],
                 ) -> AsyncIterator[tuple[str, RecordingProxy]]:
-    """llama-server ← recording proxy ← raas service (bwrap sandboxes); yields (service URL, proxy)."""
+    """llama-server ← recording proxy ← raas service (bwrap sandboxes); yields (service URL, proxy).
+    Afterwards neither the model server nor any sandbox the service started may be left."""
     if backend_available.get("bwrap"):
         pytest.skip(str(backend_available["bwrap"]))
-    sandboxes_before = set(sbprocs.pids_with_env_prefix("sb-"))
+    manager = SandboxManager(tmp_path / "sandboxes")
     llama = EmbeddedServer(parallel=4, ctx_per_slot=2048)
     await llama.start()
     try:
@@ -45,14 +47,16 @@ async def stack(tmp_path: Path, test_image: Path, backend_available: dict[str, s
                 state_dir=tmp_path / "svc", sandbox={"backend": "bwrap", "image": str(test_image)},
                 llm_servers=[proxy.url], tokenizer_dir=prepare_tokenizer(), agent=AGENT, init_workers=2,
                 run_workers=4, eval_workers=2, shutdown_grace_s=0.0, default_timeout_s=240)
-            async with service_in_process(config) as url:
+            async with service_in_process(config, sandbox_manager=manager) as url:
                 yield url, proxy
+            # The service closed every sandbox of every job before it stopped; nothing is left to close.
+            assert manager.started_ids, "the jobs never opened a sandbox"
+            assert not leftovers(manager), f"sandbox leftovers after shutdown: {leftovers(manager)}"
     finally:
         pid = llama.pid
         await llama.stop()
+        await manager.close_all()
     assert pid is not None and not pid_alive(pid), "llama-server outlived the test"
-    left = set(sbprocs.pids_with_env_prefix("sb-")) - sandboxes_before
-    assert not left, f"sandbox processes left behind: {left}"
 
 
 def pid_alive(pid: int) -> bool:

@@ -2,19 +2,21 @@
 
 vLLM lives in its own virtual environment (``.venv-vllm``, made by ``scripts/install-vllm.sh``) because
 its torch/transformers pins differ from raas's; raas only talks to it over HTTP. The server runs in a
-new process group (vLLM forks an engine-core process) and the whole group is reaped on every exit
-path: ``stop()``, a failed or cancelled start, garbage collection, interpreter exit, and, via
-``PR_SET_PDEATHSIG``, the death of the raas process itself.
+new process group (vLLM forks an engine core and a worker) and the whole group is reaped on every exit
+path: ``stop()``, a failed or cancelled start, garbage collection, interpreter exit, and the death of
+the raas process itself, even by SIGKILL: a small supervisor leads the group, holds a pipe from raas,
+and kills the group when that pipe closes (vLLM cannot be relied on to die from a signal while it is
+still starting up).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
 import socket
+import sys
 import tempfile
 import time
 import weakref
@@ -30,7 +32,27 @@ from raas.llm.models import raas_home
 
 VLLM_MODEL_DIR_NAME = "smollm2-135m-instruct-safetensors"
 _REPO_ROOT = Path(__file__).resolve().parents[3]
-_PR_SET_PDEATHSIG = 1
+
+# Leads the process group, runs vLLM as its child, and kills the group once raas is gone (its stdin,
+# a pipe from raas, reaches EOF however raas died). stdlib only; runs on raas's own interpreter.
+_SUPERVISOR = r"""
+import os, signal, subprocess, sys, threading, time
+# raas stops the server by signalling the whole group; this process must outlive vLLM to reap it, so
+# SIGTERM only wakes it (a Python handler: vLLM itself gets the default disposition after exec).
+signal.signal(signal.SIGTERM, lambda *_: None)
+child = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL)
+
+def watch_owner():
+    sys.stdin.buffer.read()
+    os.killpg(0, signal.SIGTERM)
+    deadline = time.monotonic() + float(sys.argv[1])
+    while child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.killpg(0, signal.SIGKILL)
+
+threading.Thread(target=watch_owner, daemon=True).start()
+sys.exit(child.wait())
+"""
 
 
 def default_vllm_python() -> Path:
@@ -85,12 +107,6 @@ async def _wait_group_empty(pgid: int, timeout_s: float) -> None:
         if not group_members(pgid):
             return
         await asyncio.sleep(0.05)
-
-
-def _die_with_parent() -> None:
-    """Runs in the child between fork and exec: SIGTERM it when the raas process that started it dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 class VLLMServer:
@@ -174,6 +190,9 @@ class VLLMServer:
             "--enforce-eager",
             # Report prefix-cache hits (usage.prompt_tokens_details.cached_tokens), as llama.cpp does.
             "--enable-prompt-tokens-details",
+            # The log goes to a file for error messages; keep it from growing with every request.
+            "--disable-uvicorn-access-log",
+            "--disable-log-stats",
             "--host", self.host,
             "--port", str(self.port),
         ]  # fmt: skip
@@ -224,13 +243,16 @@ class VLLMServer:
         try:
             with self._open_log() as log:
                 self.proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-c",
+                    _SUPERVISOR,
+                    str(self.stop_timeout_s),
                     *self.command(),
-                    stdin=asyncio.subprocess.DEVNULL,
+                    stdin=asyncio.subprocess.PIPE,
                     stdout=log,
                     stderr=asyncio.subprocess.STDOUT,
                     env=self._env(),
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
                 )
             self.pgid = self.proc.pid
             self._finalizer = weakref.finalize(self, _kill_group, self.pgid)
@@ -290,6 +312,8 @@ class VLLMServer:
                 _kill_group(pgid, signal.SIGKILL)
                 await proc.wait()
                 await _wait_group_empty(pgid, 10.0)
+        if proc is not None and proc.stdin is not None:
+            proc.stdin.close()
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None

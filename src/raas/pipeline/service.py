@@ -370,16 +370,23 @@ class RolloutService:
         new = sum(1 for r in requests if r.job_id is None or r.job_id not in self._active)
         if len(self._active) + new > self.config.max_pending:
             raise self._overloaded(new)
-        out: list[SubmitResponse] = []
+        pending: list[Any] = []
         for request, handler in zip(requests, handlers, strict=True):
             if request.job_id is not None and request.job_id in self._active:
                 a = self._active[request.job_id]
-                out.append(SubmitResponse(job_id=a.job.job_id, status=a.status, created=False))  # type: ignore[arg-type]
+                pending.append(SubmitResponse(job_id=a.job.job_id, status=a.status, created=False))  # type: ignore[arg-type]
             else:
-                out.append(await self._admit(request, handler))
-        return out
+                # Reserved now, in order; recorded together, so the whole batch shares one commit.
+                a = self._reserve(request, handler)
+                pending.append(asyncio.ensure_future(self._record_admission(a)))
+        return [p if isinstance(p, SubmitResponse) else await asyncio.shield(p) for p in pending]
 
     async def _admit(self, request: JobRequest, handler: TaskHandler) -> SubmitResponse:
+        # Shielded: once reserved, admission completes even if the submitting request goes away.
+        return await asyncio.shield(self._record_admission(self._reserve(request, handler)))
+
+    def _reserve(self, request: JobRequest, handler: TaskHandler) -> _Active:
+        """Claim the job's place synchronously, so admission limits and idempotency see it at once."""
         job_id = request.job_id or new_job_id()
         instance = request.instance
         trajectory_id = str(instance.get("trajectory_id", job_id))
@@ -399,10 +406,9 @@ class RolloutService:
             attempts=1,
             budget_s=request.timeout_s or self.config.default_timeout_s,
         )
-        self._active[job_id] = a  # reserve before awaiting: admission and idempotency see it at once
+        self._active[job_id] = a
         self._idle.clear()
-        # Shielded: once reserved, admission completes even if the submitting request goes away.
-        return await asyncio.shield(self._record_admission(a))
+        return a
 
     async def _record_admission(self, a: _Active) -> SubmitResponse:
         job_id, job, request = a.job.job_id, a.job, a.request

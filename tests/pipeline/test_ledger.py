@@ -146,3 +146,15 @@ async def test_closed_ledger_refuses_writes(tmp_path: Path) -> None:
     await ledger.close()
     with pytest.raises(RaasError):
         await ledger.get("a")
+
+
+async def test_a_failed_write_is_typed_and_the_writer_lives_on(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db")
+    await ledger.open()
+    with pytest.raises(RaasError) as e:
+        await ledger._call(lambda conn: conn.execute("INSERT INTO no_such_table VALUES (1)"))
+    assert e.value.kind == "internal" and "no_such_table" in e.value.message
+    await _insert(ledger, "after")  # same writer thread, still serving
+    assert (await ledger.get("after")) is not None and ledger.running
+    await ledger.close()
+    assert not ledger.running

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import queue
 import sqlite3
@@ -218,24 +219,27 @@ class Ledger:
             conn.close()
 
     def _commit(self, conn: sqlite3.Connection, work: list[_Op]) -> None:
+        """Run one batch in one transaction. Never raises: a failure is handed to whoever waits, as a
+        typed error, and the writer thread lives on (a dead writer would leave every caller hanging)."""
         outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
-        conn.execute("BEGIN")
-        for fn, fut in work:
-            try:
-                value, exc = fn(conn), None
-            except Exception as e:
-                value, exc = None, e
-            if fut is not None:
-                outcomes.append((fut, value, exc))
         try:
+            conn.execute("BEGIN")
+            for fn, fut in work:
+                try:
+                    value, exc = fn(conn), None
+                except Exception as e:
+                    value, exc = None, _typed(e)
+                if fut is not None:
+                    outcomes.append((fut, value, exc))
             conn.execute("COMMIT")
         except Exception as e:
-            outcomes = [(fut, None, e) for fut, _, _ in outcomes]
+            with contextlib.suppress(Exception):
+                conn.execute("ROLLBACK")
+            error = _typed(e)
+            outcomes = [(fut, None, error) for _, fut in work if fut is not None]
         if outcomes and self._loop is not None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting any more
                 self._loop.call_soon_threadsafe(_resolve, outcomes)
-            except RuntimeError:  # the loop is gone: nobody is waiting any more
-                pass
 
     def _submit(self, fn: Callable[[sqlite3.Connection], T], *, wait: bool) -> asyncio.Future[T] | None:
         if self._thread is None or self._closed or self._loop is None:
@@ -468,6 +472,12 @@ class Ledger:
             return len(unique)
 
         return await self._call(op)
+
+
+def _typed(exc: BaseException) -> BaseException:
+    if isinstance(exc, RaasError):
+        return exc
+    return RaasError(f"ledger write failed: {type(exc).__name__}: {exc}", kind="internal")
 
 
 def _row(r: tuple[Any, ...]) -> LedgerJob:

@@ -113,7 +113,8 @@ async def get_result(
     if result is None:
         info = await service.get(job_id)
         return JSONResponse(info.model_dump(mode="json"), status_code=202)
-    return result
+    # Serialized once, straight from the model (trajectories can be large; no second validation pass).
+    return Response(result.model_dump_json(), media_type="application/json")
 
 
 @router.delete("/v1/jobs/{job_id}", response_model=JobInfo, responses={404: {"description": "Unknown job"}})

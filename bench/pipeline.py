@@ -389,7 +389,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             )
             result["overhead"] = await overhead(root, sizes, args.bwrap_image)
         if "decoupling" in only:
-            d = await decoupling(root, args.jobs or (60 if args.quick else 400))
+            d = await decoupling(root, args.jobs or (150 if args.quick else 400))
             result["decoupling"] = d
             result["llm_utilization"] = d["raas"]["llm_utilization"]
             result["coupled_llm_utilization"] = d["coupled"]["llm_utilization"]

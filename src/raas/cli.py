@@ -60,6 +60,7 @@ def _fail(exc: RaasError) -> typer.Exit:
 
 # -- sandbox choice ---------------------------------------------------------------------------------------
 
+
 def choose_sandbox(backend: str, image: str | None) -> dict[str, Any]:
     """The default sandbox fields for the service: bwrap with the math image when this machine can run it
     (building the image once if needed), else ``local``."""
@@ -75,8 +76,10 @@ def choose_sandbox(backend: str, image: str | None) -> dict[str, Any]:
     built = (rootfs_path(spec) / "usr").is_dir()
     can_build = os.geteuid() == 0 and shutil.which("debootstrap") is not None
     if backend == "auto" and (shutil.which("bwrap") is None or not (built or can_build)):
-        console.print("[yellow]bwrap or a sandbox image is unavailable: using the 'local' sandbox "
-                      "(no isolation)[/yellow]")
+        console.print(
+            "[yellow]bwrap or a sandbox image is unavailable: using the 'local' sandbox "
+            "(no isolation)[/yellow]"
+        )
         return {"backend": "local"}
     if not built:
         with console.status("building the sandbox image once (debootstrap, about two minutes)..."):
@@ -85,6 +88,7 @@ def choose_sandbox(backend: str, image: str | None) -> dict[str, Any]:
 
 
 # -- in-process service -----------------------------------------------------------------------------------
+
 
 def _quiet_uvicorn(app_: Any, **options: Any) -> Any:
     """A uvicorn server that leaves signal handling to its caller, so raas decides how to wind down."""
@@ -149,8 +153,14 @@ async def embedded_llm(context: int, slots: int) -> AsyncIterator[str]:
 
 # -- the run driver ---------------------------------------------------------------------------------------
 
-def make_jobs(instances: list[dict[str, Any]], n_samples: int, run_id: str,
-              sampling_params: dict[str, Any] | None, timeout_s: float | None) -> list[dict[str, Any]]:
+
+def make_jobs(
+    instances: list[dict[str, Any]],
+    n_samples: int,
+    run_id: str,
+    sampling_params: dict[str, Any] | None,
+    timeout_s: float | None,
+) -> list[dict[str, Any]]:
     """One request per (instance, sample); job ids are unique per run so reruns never collide."""
     jobs = []
     for i, inst in enumerate(instances):
@@ -171,8 +181,14 @@ class RunProgress:
         self.state: dict[str, str] = {}
         self.total = total
         self.progress = Progress(
-            TextColumn("[bold]rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.description}"), console=console, transient=False)
+            TextColumn("[bold]rollouts"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=console,
+            transient=False,
+        )
         self.task = self.progress.add_task("", total=total)
 
     def set(self, job_id: str, status: str) -> None:
@@ -187,14 +203,22 @@ class RunProgress:
     def refresh(self) -> None:
         c = self.counts()
         done = sum(c[s] for s in TERMINAL)
-        desc = (f"done {c['completed']}  failed {c['failed'] + c['timeout'] + c['cancelled']}  |  "
-                f"init {c['queued'] + c['init']}  run {c['queued_run'] + c['run']}  "
-                f"eval {c['queued_eval'] + c['eval']}")
+        desc = (
+            f"done {c['completed']}  failed {c['failed'] + c['timeout'] + c['cancelled']}  |  "
+            f"init {c['queued'] + c['init']}  run {c['queued_run'] + c['run']}  "
+            f"eval {c['queued_eval'] + c['eval']}"
+        )
         self.progress.update(self.task, completed=done, description=desc)
 
 
-async def drive(client: Any, jobs: list[dict[str, Any]], progress: RunProgress | None = None,
-                *, job_timeout_s: float | None = None, parallel_polls: int = 48) -> list[dict[str, Any]]:
+async def drive(
+    client: Any,
+    jobs: list[dict[str, Any]],
+    progress: RunProgress | None = None,
+    *,
+    job_timeout_s: float | None = None,
+    parallel_polls: int = 48,
+) -> list[dict[str, Any]]:
     """Submit ``jobs`` and collect every result (in submission order)."""
     progress = progress or RunProgress(len(jobs))
     for j in jobs:
@@ -204,7 +228,7 @@ async def drive(client: Any, jobs: list[dict[str, Any]], progress: RunProgress |
     try:
         await asyncio.sleep(0)  # let the subscription open before the first job can move
         for start in range(0, len(jobs), 256):
-            for item in await client.submit_batch(jobs[start:start + 256]):
+            for item in await client.submit_batch(jobs[start : start + 256]):
                 if item.get("status") in TERMINAL:  # an earlier run already finished it (idempotent ids)
                     progress.set(str(item.get("job_id")), str(item["status"]))
         gate = asyncio.Semaphore(parallel_polls)
@@ -245,19 +269,28 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     rewards = [float(r["reward"]) for r in scored]
     failures = Counter(
         f"{(r.get('error') or {}).get('stage')}/{(r.get('error') or {}).get('kind')}"
-        for r in results if r.get("error"))
+        for r in results
+        if r.get("error")
+    )
     timing: dict[str, dict[str, float]] = {}
     for key in ("queue_s", "init_s", "run_s", "eval_s", "total_s"):
         vals = [float((r.get("timing") or {}).get(key) or 0.0) for r in results]
-        timing[key] = {"p50": _pct(vals, 0.5), "p90": _pct(vals, 0.9), "max": max(vals) if vals else float("nan")}
+        timing[key] = {
+            "p50": _pct(vals, 0.5),
+            "p90": _pct(vals, 0.9),
+            "max": max(vals) if vals else float("nan"),
+        }
     turns = [len(r.get("turns") or []) for r in results]
     return {
-        "jobs": len(results), "status": dict(status), "scored": len(scored),
+        "jobs": len(results),
+        "status": dict(status),
+        "scored": len(scored),
         "filtered": sum(1 for r in results if r.get("filter")),
         "reward_mean": sum(rewards) / len(rewards) if rewards else None,
         "pass_rate": sum(1 for x in rewards if x >= 1.0) / len(rewards) if rewards else None,
         "mean_turns": sum(turns) / len(turns) if turns else 0.0,
-        "failures": dict(failures), "timing": timing,
+        "failures": dict(failures),
+        "timing": timing,
     }
 
 
@@ -296,9 +329,20 @@ def write_jsonl(path: Path, results: list[dict[str, Any]]) -> None:
 
 
 async def run_dataset(
-    instances: list[dict[str, Any]], *, n_samples: int, server: str | None, llm: list[str], out: Path | None,
-    sandbox: dict[str, Any] | None, agent: dict[str, Any], sampling: dict[str, Any], job_timeout_s: float,
-    workers: tuple[int, int, int], tokenizer_dir: Path | None, llm_context: int, token: str | None,
+    instances: list[dict[str, Any]],
+    *,
+    n_samples: int,
+    server: str | None,
+    llm: list[str],
+    out: Path | None,
+    sandbox: dict[str, Any] | None,
+    agent: dict[str, Any],
+    sampling: dict[str, Any],
+    job_timeout_s: float,
+    workers: tuple[int, int, int],
+    tokenizer_dir: Path | None,
+    llm_context: int,
+    token: str | None,
 ) -> dict[str, Any]:
     """Run every instance ``n_samples`` times and return the summary; the whole stack lives and dies here
     unless ``server`` points at a running service."""
@@ -320,10 +364,18 @@ async def run_dataset(
                     servers = [await stack.enter_async_context(embedded_llm(llm_context, workers[1]))]
             state = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="raas-run-")))
             config = ServiceConfig(
-                state_dir=state, sandbox=sandbox or {"backend": "local"}, llm_servers=servers,
-                tokenizer_dir=tokenizer_dir or default_tokenizer_dir(), agent=AgentConfig(**agent),
-                init_workers=workers[0], run_workers=workers[1], eval_workers=workers[2],
-                default_timeout_s=job_timeout_s, shutdown_grace_s=0.0, max_pending=max(1024, len(jobs)))
+                state_dir=state,
+                sandbox=sandbox or {"backend": "local"},
+                llm_servers=servers,
+                tokenizer_dir=tokenizer_dir or default_tokenizer_dir(),
+                agent=AgentConfig(**agent),
+                init_workers=workers[0],
+                run_workers=workers[1],
+                eval_workers=workers[2],
+                default_timeout_s=job_timeout_s,
+                shutdown_grace_s=0.0,
+                max_pending=max(1024, len(jobs)),
+            )
             with console.status("starting the rollout service..."):
                 url = await stack.enter_async_context(service_in_process(config))
         client = await stack.enter_async_context(RaasClient(url, token=token, timeout_s=60.0))
@@ -365,15 +417,20 @@ def _run_main(coro: Any) -> Any:
 
 # -- commands ---------------------------------------------------------------------------------------------
 
+
 @app.command()
 def run(
     dataset: Annotated[str, typer.Argument(help="builtin:math, builtin:math:N, or a .jsonl/.parquet file")],
     n_samples: Annotated[int, typer.Option("--n-samples", "-n", min=1, help="Rollouts per instance")] = 1,
     server: Annotated[str | None, typer.Option(help="Use a running raas service at this URL")] = None,
-    llm: Annotated[list[str] | None, typer.Option(help="Inference server URL (repeatable); default: embedded")] = None,
+    llm: Annotated[
+        list[str] | None, typer.Option(help="Inference server URL (repeatable); default: embedded")
+    ] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write results as JSONL")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Use only the first N instances")] = None,
-    sandbox: Annotated[str, typer.Option(help="auto (bwrap if possible, else local), bwrap, apptainer, local")] = "auto",
+    sandbox: Annotated[
+        str, typer.Option(help="auto (bwrap if possible, else local), bwrap, apptainer, local")
+    ] = "auto",
     image: Annotated[str | None, typer.Option(help="Sandbox image (rootfs dir, SIF, docker://...)")] = None,
     max_turns: Annotated[int, typer.Option(min=1)] = 4,
     max_tokens: Annotated[int, typer.Option(min=1, help="Tokens per turn")] = 256,
@@ -384,7 +441,9 @@ def run(
     init_workers: Annotated[int, typer.Option(min=1)] = 4,
     run_workers: Annotated[int, typer.Option(min=1)] = 8,
     eval_workers: Annotated[int, typer.Option(min=1)] = 2,
-    tokenizer: Annotated[Path | None, typer.Option(help="Chat tokenizer dir (default: the embedded model's)")] = None,
+    tokenizer: Annotated[
+        Path | None, typer.Option(help="Chat tokenizer dir (default: the embedded model's)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout")] = False,
 ) -> None:
     """Run a dataset end to end and summarise it (starts everything in-process unless --server is given)."""
@@ -407,11 +466,23 @@ def run(
         # A running service keeps its own agent settings unless the job overrides them.
         sampling.update(agent)
     try:
-        summary = _run_main(run_dataset(
-            instances, n_samples=n_samples, server=server, llm=list(llm or []), out=output, sandbox=box,
-            agent=agent, sampling=sampling, job_timeout_s=timeout,
-            workers=(init_workers, run_workers, eval_workers), tokenizer_dir=tokenizer,
-            llm_context=max(context_budget, 2048), token=os.environ.get("RAAS_API_TOKEN")))
+        summary = _run_main(
+            run_dataset(
+                instances,
+                n_samples=n_samples,
+                server=server,
+                llm=list(llm or []),
+                out=output,
+                sandbox=box,
+                agent=agent,
+                sampling=sampling,
+                job_timeout_s=timeout,
+                workers=(init_workers, run_workers, eval_workers),
+                tokenizer_dir=tokenizer,
+                llm_context=max(context_budget, 2048),
+                token=os.environ.get("RAAS_API_TOKEN"),
+            )
+        )
     except RaasError as e:
         raise _fail(e) from None
     if as_json:
@@ -425,7 +496,9 @@ def serve(
     config: Annotated[Path | None, typer.Option(help="Service config (JSON or TOML)")] = None,
     host: Annotated[str | None, typer.Option()] = None,
     port: Annotated[int | None, typer.Option()] = None,
-    sandbox: Annotated[str | None, typer.Option(help="Sandbox backend for every job (local, bwrap, ...)")] = None,
+    sandbox: Annotated[
+        str | None, typer.Option(help="Sandbox backend for every job (local, bwrap, ...)")
+    ] = None,
     image: Annotated[str | None, typer.Option(help="Sandbox image for every job")] = None,
     llm: Annotated[list[str] | None, typer.Option(help="Inference server URL (repeatable)")] = None,
     tokenizer: Annotated[Path | None, typer.Option(help="Chat tokenizer dir of the policy model")] = None,
@@ -441,8 +514,16 @@ def serve(
         if sandbox or image:
             box = choose_sandbox(sandbox or "auto", image)
         cfg = ServiceConfig.load(
-            config, host=host, port=port, sandbox=box, llm_servers=llm or None, tokenizer_dir=tokenizer,
-            init_workers=init_workers, run_workers=run_workers, eval_workers=eval_workers)
+            config,
+            host=host,
+            port=port,
+            sandbox=box,
+            llm_servers=llm or None,
+            tokenizer_dir=tokenizer,
+            init_workers=init_workers,
+            run_workers=run_workers,
+            eval_workers=eval_workers,
+        )
         if cfg.tokenizer_dir is None:
             from raas.llm.models import default_tokenizer_dir
 
@@ -506,7 +587,9 @@ def status(
         for name, v in stages.items():
             t.add_row(name, *(str(v.get(c, "")) if isinstance(v, dict) else "" for c in cols))
         out.print(t)
-    others = {k: v for k, v in (st or {}).items() if k != "stages"} if isinstance(st, dict) else {"status": st}
+    others = (
+        {k: v for k, v in (st or {}).items() if k != "stages"} if isinstance(st, dict) else {"status": st}
+    )
     if others:
         out.print_json(json.dumps(others, default=str))
     out.print_json(json.dumps({"llm_servers": servers}, default=str))

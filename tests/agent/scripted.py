@@ -20,7 +20,7 @@ EOS = 2  # <|im_end|> in SmolLM2's vocabulary
 
 def tool_call(name: str, **arguments: Any) -> str:
     """An assistant message calling one tool in the Hermes format the SmolLM2 setup uses."""
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 def completions(tok: ChatTokenizer, texts: Sequence[str], *, logprob_base: float = -0.5) -> list[Completion]:
@@ -34,9 +34,12 @@ def completions(tok: ChatTokenizer, texts: Sequence[str], *, logprob_base: float
 
 
 @asynccontextmanager
-async def scripted_policy(tok: ChatTokenizer, texts: Sequence[str], agent: AgentConfig | None = None,
-                          weight_version: str | None = None,
-                          ) -> AsyncIterator[tuple[ScriptedLLM, LLMContext, list[Completion]]]:
+async def scripted_policy(
+    tok: ChatTokenizer,
+    texts: Sequence[str],
+    agent: AgentConfig | None = None,
+    weight_version: str | None = None,
+) -> AsyncIterator[tuple[ScriptedLLM, LLMContext, list[Completion]]]:
     """A scripted server replaying ``texts`` and an LLMContext routing to it through a real balancer."""
     script = completions(tok, texts)
     async with ScriptedLLM(replay(script)) as server:

@@ -37,18 +37,23 @@ def assert_token_exact(out: RunOutput, server: ScriptedLLM) -> None:
     assert len(traj.loss_mask) == len(traj.response_ids) == len(traj.logprobs)
     sampled = [t for turn in out.turns for t in turn.output_ids]
     assert [t for t, m in zip(traj.response_ids, traj.loss_mask, strict=True) if m == 1] == sampled
-    assert [lp for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if m == 1] == \
-        [lp for turn in out.turns for lp in turn.logprobs]
+    assert [lp for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if m == 1] == [
+        lp for turn in out.turns for lp in turn.logprobs
+    ]
     assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if m == 0)
     from_messages = [t for m in out.messages for t in m.input_ids + (m.output_ids or [])]
     assert from_messages == seq
 
 
 async def test_tool_then_finish_is_token_exact(tokenizer: ChatTokenizer, sandbox: Sandbox) -> None:
-    texts = ["Let me compute.\n" + tool_call("bash", command="echo $((6*7))"), tool_call("finish", answer="42")]
+    texts = [
+        "Let me compute.\n" + tool_call("bash", command="echo $((6*7))"),
+        tool_call("finish", answer="42"),
+    ]
     async with scripted_policy(tokenizer, texts) as (server, llm, script):
-        out = await run_agent(make_job(), sandbox, llm, TOOLS, user_prompt="What is 6 times 7?",
-                              system_prompt="Solve it.")
+        out = await run_agent(
+            make_job(), sandbox, llm, TOOLS, user_prompt="What is 6 times 7?", system_prompt="Solve it."
+        )
     assert out.finish_reason == "finish_tool"
     assert out.answer == "42"
     assert [t.output_ids for t in out.turns] == [c.token_ids for c in script]
@@ -68,7 +73,8 @@ async def test_tool_then_finish_is_token_exact(tokenizer: ChatTokenizer, sandbox
 
 
 async def test_malformed_and_invalid_calls_become_error_observations(
-        tokenizer: ChatTokenizer, sandbox: Sandbox) -> None:
+    tokenizer: ChatTokenizer, sandbox: Sandbox
+) -> None:
     texts = [
         '<tool_call>\n{"name": "bash", "arguments": {"command": "echo hi"\n</tool_call>',  # broken JSON
         tool_call("no_such_tool", x=1),
@@ -83,17 +89,19 @@ async def test_malformed_and_invalid_calls_become_error_observations(
     assert len(tool_msgs) == 3
     assert all(m.content.startswith("Error") for m in tool_msgs)
     assert "no_such_tool" in tool_msgs[1].content and "command" in tool_msgs[2].content
-    assert "Error" in tokenizer.decode(server.requests[1].prompt_ids[len(server.requests[0].prompt_ids):])
+    assert "Error" in tokenizer.decode(server.requests[1].prompt_ids[len(server.requests[0].prompt_ids) :])
     assert_token_exact(out, server)
 
 
 async def test_loop_detection_stops_before_the_repeat_runs(
-        tokenizer: ChatTokenizer, sandbox: Sandbox) -> None:
+    tokenizer: ChatTokenizer, sandbox: Sandbox
+) -> None:
     call = tool_call("bash", command="echo x >> /tmp/raas-loop-count && wc -l < /tmp/raas-loop-count")
     await sandbox.tools.bash("rm -f /tmp/raas-loop-count")
     async with scripted_policy(tokenizer, [call] * 5) as (server, llm, _):
-        out = await run_agent(make_job(), sandbox, llm, TOOLS, AgentConfig(loop_detection_repeats=3),
-                              user_prompt="q")
+        out = await run_agent(
+            make_job(), sandbox, llm, TOOLS, AgentConfig(loop_detection_repeats=3), user_prompt="q"
+        )
     assert out.finish_reason == "loop_detected"
     assert len(server.requests) == 3
     assert (await sandbox.tools.bash("wc -l < /tmp/raas-loop-count")).output.strip() == "2"
@@ -103,11 +111,15 @@ async def test_loop_detection_stops_before_the_repeat_runs(
 async def test_context_budget_bounds_the_trajectory(tokenizer: ChatTokenizer, sandbox: Sandbox) -> None:
     texts = [tool_call("bash", command="seq 1 400")] * 3
     async with scripted_policy(tokenizer, texts) as (server, llm, _):
-        prompt_len = len(llm.tokenizer.conversation(
-            [{"role": "system", "content": ""}, {"role": "user", "content": "q"}], tools=TOOLS.schemas).prompt_ids)
+        prompt_len = len(
+            llm.tokenizer.conversation(
+                [{"role": "system", "content": ""}, {"role": "user", "content": "q"}], tools=TOOLS.schemas
+            ).prompt_ids
+        )
         budget = prompt_len + 120
-        out = await run_agent(make_job(), sandbox, llm, TOOLS, AgentConfig(context_budget=budget),
-                              user_prompt="q")
+        out = await run_agent(
+            make_job(), sandbox, llm, TOOLS, AgentConfig(context_budget=budget), user_prompt="q"
+        )
     assert out.finish_reason == "context_budget"
     traj = out.token_trajectory
     assert len(traj.prompt_ids) + len(traj.response_ids) <= budget
@@ -118,33 +130,46 @@ async def test_context_budget_bounds_the_trajectory(tokenizer: ChatTokenizer, sa
 
 
 async def test_max_tokens_per_turn_is_capped_by_the_remaining_budget(
-        tokenizer: ChatTokenizer, sandbox: Sandbox) -> None:
+    tokenizer: ChatTokenizer, sandbox: Sandbox
+) -> None:
     async with scripted_policy(tokenizer, [tool_call("finish", answer="1")]) as (server, llm, _):
-        prompt_len = len(llm.tokenizer.conversation(
-            [{"role": "system", "content": ""}, {"role": "user", "content": "q"}], tools=TOOLS.schemas).prompt_ids)
-        await run_agent(make_job(), sandbox, llm, TOOLS,
-                        AgentConfig(context_budget=prompt_len + 30, max_tokens_per_turn=500), user_prompt="q")
+        prompt_len = len(
+            llm.tokenizer.conversation(
+                [{"role": "system", "content": ""}, {"role": "user", "content": "q"}], tools=TOOLS.schemas
+            ).prompt_ids
+        )
+        await run_agent(
+            make_job(),
+            sandbox,
+            llm,
+            TOOLS,
+            AgentConfig(context_budget=prompt_len + 30, max_tokens_per_turn=500),
+            user_prompt="q",
+        )
     assert server.requests[0].max_tokens == 30
 
 
 async def test_no_tool_call_stops_or_nudges(tokenizer: ChatTokenizer, sandbox: Sandbox) -> None:
     async with scripted_policy(tokenizer, ["The answer is 42."]) as (server, llm, _):
-        out = await run_agent(make_job(), sandbox, llm, TOOLS, AgentConfig(stop_on_no_tool_call=True),
-                              user_prompt="q")
+        out = await run_agent(
+            make_job(), sandbox, llm, TOOLS, AgentConfig(stop_on_no_tool_call=True), user_prompt="q"
+        )
     assert out.finish_reason == "no_tool_call" and out.answer is None
     assert_token_exact(out, server)
 
     texts = ["The answer is 42.", tool_call("finish", answer="42")]
     async with scripted_policy(tokenizer, texts) as (server, llm, _):
-        out = await run_agent(make_job(), sandbox, llm, TOOLS, AgentConfig(stop_on_no_tool_call=False),
-                              user_prompt="q")
+        out = await run_agent(
+            make_job(), sandbox, llm, TOOLS, AgentConfig(stop_on_no_tool_call=False), user_prompt="q"
+        )
     assert out.finish_reason == "finish_tool" and out.answer == "42"
     assert [m.role for m in out.messages] == ["system", "user", "assistant", "user", "assistant"]
     assert_token_exact(out, server)
 
 
 async def test_max_turns_keeps_last_observation_out_of_the_sequence(
-        tokenizer: ChatTokenizer, sandbox: Sandbox) -> None:
+    tokenizer: ChatTokenizer, sandbox: Sandbox
+) -> None:
     texts = [tool_call("bash", command="echo one"), tool_call("bash", command="echo two > /tmp/raas-mt")]
     async with scripted_policy(tokenizer, texts) as (server, llm, _):
         out = await run_agent(make_job(), sandbox, llm, TOOLS, AgentConfig(max_turns=2), user_prompt="q")
@@ -157,10 +182,14 @@ async def test_max_turns_keeps_last_observation_out_of_the_sequence(
 
 
 async def test_observations_are_truncated(tokenizer: ChatTokenizer, sandbox: Sandbox) -> None:
-    texts = [tool_call("bash", command="head -c 5000 /dev/zero | tr '\\0' a"), tool_call("finish", answer="x")]
+    texts = [
+        tool_call("bash", command="head -c 5000 /dev/zero | tr '\\0' a"),
+        tool_call("finish", answer="x"),
+    ]
     async with scripted_policy(tokenizer, texts) as (server, llm, _):
-        out = await run_agent(make_job(), sandbox, llm, TOOLS, AgentConfig(observation_cap_bytes=1000),
-                              user_prompt="q")
+        out = await run_agent(
+            make_job(), sandbox, llm, TOOLS, AgentConfig(observation_cap_bytes=1000), user_prompt="q"
+        )
     obs = out.messages[3].content
     assert "bytes truncated" in obs and len(obs.encode()) < 1100
     assert_token_exact(out, server)
@@ -180,14 +209,17 @@ async def test_llm_down_is_a_typed_infrastructure_error(tokenizer: ChatTokenizer
     balancer.add("http://127.0.0.1:9")  # discard port: nothing listens
     try:
         with pytest.raises(RaasError) as e:
-            await run_agent(make_job(), sandbox, LLMContext(balancer, tokenizer, AgentConfig()), TOOLS,
-                            user_prompt="q")
+            await run_agent(
+                make_job(), sandbox, LLMContext(balancer, tokenizer, AgentConfig()), TOOLS, user_prompt="q"
+            )
     finally:
         await balancer.aclose()
     assert e.value.kind == "llm_unavailable"
 
 
-async def test_dead_sandbox_is_a_typed_infrastructure_error(tokenizer: ChatTokenizer, sandbox: Sandbox) -> None:
+async def test_dead_sandbox_is_a_typed_infrastructure_error(
+    tokenizer: ChatTokenizer, sandbox: Sandbox
+) -> None:
     await sandbox.close()
     async with scripted_policy(tokenizer, [tool_call("bash", command="echo hi")]) as (_, llm, _s):
         with pytest.raises(RaasError) as e:
@@ -199,7 +231,9 @@ async def test_editor_and_submit_with_weight_version(tokenizer: ChatTokenizer, s
     path = sandbox.workspace / "notes.txt"  # the local backend works in its host workspace directly
     texts = [
         tool_call("str_replace_editor", command="create", path=str(path), file_text="alpha\nbeta\n"),
-        tool_call("str_replace_editor", command="str_replace", path=str(path), old_str="beta", new_str="gamma"),
+        tool_call(
+            "str_replace_editor", command="str_replace", path=str(path), old_str="beta", new_str="gamma"
+        ),
         tool_call("str_replace_editor", command="view", path=str(path)),
         tool_call("str_replace_editor", command="str_replace", path=str(path), old_str="nope", new_str="x"),
         tool_call("submit"),

@@ -59,17 +59,30 @@ class RecordingProxy:
         assert self._http is not None
         body = await request.body()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
-        upstream = await self._http.request(request.method, self.upstream + request.url.path,
-                                            params=request.query_params, content=body, headers=headers)
-        self.exchanges.append(Exchange(request.method, request.url.path, _json(body), upstream.status_code,
-                                       _json(upstream.content)))
+        upstream = await self._http.request(
+            request.method,
+            self.upstream + request.url.path,
+            params=request.query_params,
+            content=body,
+            headers=headers,
+        )
+        self.exchanges.append(
+            Exchange(
+                request.method, request.url.path, _json(body), upstream.status_code, _json(upstream.content)
+            )
+        )
         drop = ("content-length", "transfer-encoding", "connection", "content-encoding")
-        return Response(upstream.content, status_code=upstream.status_code,
-                        headers={k: v for k, v in upstream.headers.items() if k.lower() not in drop})
+        return Response(
+            upstream.content,
+            status_code=upstream.status_code,
+            headers={k: v for k, v in upstream.headers.items() if k.lower() not in drop},
+        )
 
     async def __aenter__(self) -> RecordingProxy:
         self._http = httpx.AsyncClient(timeout=600)
-        app = Starlette(routes=[Route("/{path:path}", self._forward, methods=["GET", "POST", "DELETE", "PUT"])])
+        app = Starlette(
+            routes=[Route("/{path:path}", self._forward, methods=["GET", "POST", "DELETE", "PUT"])]
+        )
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]

@@ -62,14 +62,38 @@ def wait_gone(mark: str, timeout_s: float = 15.0) -> list[int]:
 
 def test_run_tiny_dataset_end_to_end(tmp_path: Path) -> None:
     data = tmp_path / "tiny.jsonl"
-    data.write_text(json.dumps({"problem": "What is 2 + 3?", "answer": "5"}) + "\n"
-                    + json.dumps({"problem": "What is 10 / 4?", "answer": "5/2"}) + "\n")
+    data.write_text(
+        json.dumps({"problem": "What is 2 + 3?", "answer": "5"})
+        + "\n"
+        + json.dumps({"problem": "What is 10 / 4?", "answer": "5/2"})
+        + "\n"
+    )
     out = tmp_path / "results.jsonl"
     mark = uuid.uuid4().hex
     proc = subprocess.run(
-        [*RAAS, "run", str(data), "--sandbox", "local", "--max-turns", "2", "--max-tokens", "16",
-         "--n-samples", "2", "-o", str(out), "--json"],
-        capture_output=True, text=True, timeout=600, env=marked_env(mark), cwd=tmp_path, check=False)
+        [
+            *RAAS,
+            "run",
+            str(data),
+            "--sandbox",
+            "local",
+            "--max-turns",
+            "2",
+            "--max-tokens",
+            "16",
+            "--n-samples",
+            "2",
+            "-o",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=marked_env(mark),
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["jobs"] == 4 and summary["status"].get("completed") == 4
@@ -86,7 +110,9 @@ def test_run_tiny_dataset_end_to_end(tmp_path: Path) -> None:
 
 def test_run_bad_dataset_is_a_clear_error(tmp_path: Path) -> None:
     for dataset in ("builtin:nope", str(tmp_path / "missing.jsonl")):
-        proc = subprocess.run([*RAAS, "run", dataset], capture_output=True, text=True, timeout=120, check=False)
+        proc = subprocess.run(
+            [*RAAS, "run", dataset], capture_output=True, text=True, timeout=120, check=False
+        )
         assert proc.returncode == 2
         assert "bad_request" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -122,7 +148,12 @@ def test_run_interrupted_shuts_everything_down(tmp_path: Path) -> None:
     mark = uuid.uuid4().hex
     proc = subprocess.Popen(
         [*RAAS, "run", "builtin:math", "--sandbox", "local", "--max-tokens", "256"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=marked_env(mark), cwd=tmp_path)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=marked_env(mark),
+        cwd=tmp_path,
+    )
     sandboxes: dict[int, str] = {}
     try:
         # Wait until the model server and some sandboxes run, then interrupt like Ctrl-C.
@@ -152,16 +183,36 @@ async def test_run_against_a_running_server_scores_with_math_verify(tmp_path: Pa
     tok = ChatTokenizer.from_pretrained(prepare_tokenizer())
     answer = Completion.of_text(tool_call("finish", answer="5"), encode=tok.encode, eos_id=EOS)
     data = tmp_path / "two.jsonl"
-    data.write_text(json.dumps({"problem": "2 + 3?", "answer": "5"}) + "\n"
-                    + json.dumps({"problem": "2 + 4?", "answer": "6"}) + "\n")
+    data.write_text(
+        json.dumps({"problem": "2 + 3?", "answer": "5"})
+        + "\n"
+        + json.dumps({"problem": "2 + 4?", "answer": "6"})
+        + "\n"
+    )
     out = tmp_path / "out.jsonl"
     async with ScriptedLLM(replay([answer], cycle=True)) as llm:
-        config = ServiceConfig(state_dir=tmp_path / "svc", sandbox={"backend": "local"}, llm_servers=[llm.url],
-                               tokenizer_dir=prepare_tokenizer(), shutdown_grace_s=0.0)
+        config = ServiceConfig(
+            state_dir=tmp_path / "svc",
+            sandbox={"backend": "local"},
+            llm_servers=[llm.url],
+            tokenizer_dir=prepare_tokenizer(),
+            shutdown_grace_s=0.0,
+        )
         async with service_in_process(config) as url:
             proc = await asyncio.create_subprocess_exec(
-                *RAAS, "run", str(data), "--server", url, "--max-turns", "3", "-o", str(out), "--json",
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                *RAAS,
+                "run",
+                str(data),
+                "--server",
+                url,
+                "--max-turns",
+                "3",
+                "-o",
+                str(out),
+                "--json",
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
             stdout, stderr = await asyncio.wait_for(proc.communicate(), 300)
     assert proc.returncode == 0, stderr.decode()[-3000:]
     summary = json.loads(stdout.decode().strip().splitlines()[-1])
@@ -183,7 +234,11 @@ def test_serve_starts_and_stops_on_sigterm(tmp_path: Path) -> None:
     env["RAAS_IMAGE_CACHE"] = os.environ.get("RAAS_IMAGE_CACHE", str(Path.home() / ".cache/raas/images"))
     proc = subprocess.Popen(
         [*RAAS, "serve", "--port", str(port), "--sandbox", "local", "--tokenizer", str(prepare_tokenizer())],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 60
         ok = False
@@ -193,7 +248,9 @@ def test_serve_starts_and_stops_on_sigterm(tmp_path: Path) -> None:
             except httpx.HTTPError:
                 time.sleep(0.2)
         assert ok, proc.communicate(timeout=10)[1][-3000:] if proc.poll() is not None else "no /healthz"
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/jobs", json={"instance": {"data_source": "nope"}}, timeout=5)
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/jobs", json={"instance": {"data_source": "nope"}}, timeout=5
+        )
         assert r.status_code == 400 and r.json()["error"]["kind"] == "bad_request"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
@@ -217,14 +274,25 @@ async def test_status_command(running_service: str) -> None:
     import asyncio
 
     proc = await asyncio.create_subprocess_exec(
-        *RAAS, "status", "--server", running_service, "--json",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        *RAAS,
+        "status",
+        "--server",
+        running_service,
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()[-2000:]
     body = json.loads(out)
     assert "status" in body and "servers" in body
     proc = await asyncio.create_subprocess_exec(
-        *RAAS, "status", "--server", "http://127.0.0.1:9", stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        *RAAS,
+        "status",
+        "--server",
+        "http://127.0.0.1:9",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 1 and b"unavailable" in err

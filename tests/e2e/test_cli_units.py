@@ -15,8 +15,10 @@ pytestmark = pytest.mark.unit
 
 
 def test_make_jobs_are_valid_requests_with_unique_ids() -> None:
-    instances = [{"data_source": "math", "problem": f"p{i}", "answer": "1", "instance_id": f"weird id/{i}"}
-                 for i in range(3)]
+    instances = [
+        {"data_source": "math", "problem": f"p{i}", "answer": "1", "instance_id": f"weird id/{i}"}
+        for i in range(3)
+    ]
     jobs = make_jobs(instances, 2, "run-abc", {"temperature": 0.5}, 30.0)
     assert len(jobs) == 6 and len({j["job_id"] for j in jobs}) == 6
     for j in jobs:
@@ -25,15 +27,25 @@ def test_make_jobs_are_valid_requests_with_unique_ids() -> None:
 
 
 def _result(status: str, reward: float | None, run_s: float, kind: str | None = None) -> dict:
-    return {"status": status, "reward": reward, "filter": reward is None,
-            "error": {"stage": "run", "kind": kind, "message": "x"} if kind else None,
-            "timing": {"queue_s": 0.0, "init_s": 0.1, "run_s": run_s, "eval_s": 0.01, "total_s": run_s + 0.2},
-            "turns": [{}] * 2}
+    return {
+        "status": status,
+        "reward": reward,
+        "filter": reward is None,
+        "error": {"stage": "run", "kind": kind, "message": "x"} if kind else None,
+        "timing": {"queue_s": 0.0, "init_s": 0.1, "run_s": run_s, "eval_s": 0.01, "total_s": run_s + 0.2},
+        "turns": [{}] * 2,
+    }
 
 
 def test_summary_counts_only_unfiltered_rewards() -> None:
-    s = summarize([_result("completed", 1.0, 1.0), _result("completed", 0.0, 3.0),
-                   _result("failed", None, 2.0, "llm_unavailable"), _result("timeout", None, 9.0, "timeout")])
+    s = summarize(
+        [
+            _result("completed", 1.0, 1.0),
+            _result("completed", 0.0, 3.0),
+            _result("failed", None, 2.0, "llm_unavailable"),
+            _result("timeout", None, 9.0, "timeout"),
+        ]
+    )
     assert s["jobs"] == 4 and s["scored"] == 2 and s["filtered"] == 2
     assert s["reward_mean"] == 0.5 and s["pass_rate"] == 0.5
     assert s["failures"] == {"run/llm_unavailable": 1, "run/timeout": 1}
@@ -47,5 +59,7 @@ def test_choose_sandbox(test_image: Path) -> None:
     assert choose_sandbox("auto", str(test_image)) == {"backend": "bwrap", "image": str(test_image)}
     assert choose_sandbox("apptainer", str(test_image)) == {"backend": "apptainer", "image": str(test_image)}
     # The math image is the test image (same packages): auto picks bwrap with it, already built.
-    expected = {"backend": "bwrap", "image": str(test_image)} if shutil.which("bwrap") else {"backend": "local"}
+    expected = (
+        {"backend": "bwrap", "image": str(test_image)} if shutil.which("bwrap") else {"backend": "local"}
+    )
     assert choose_sandbox("auto", None) == expected

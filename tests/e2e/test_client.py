@@ -27,9 +27,15 @@ def script(job_sleep: float = 0.0, **eval_: Any) -> dict[str, Any]:
 async def service(tmp_path: Path) -> AsyncIterator[tuple[str, ScriptedLLM]]:
     async with ScriptedLLM(fixed(3)) as llm:
         config = ServiceConfig(
-            state_dir=tmp_path / "svc", sandbox={"backend": "local"}, llm_servers=[llm.url],
+            state_dir=tmp_path / "svc",
+            sandbox={"backend": "local"},
+            llm_servers=[llm.url],
             extra_handlers={"test.script": "tests.doubles.handlers:StageScriptHandler"},
-            init_workers=2, run_workers=2, eval_workers=2, shutdown_grace_s=0.0)
+            init_workers=2,
+            run_workers=2,
+            eval_workers=2,
+            shutdown_grace_s=0.0,
+        )
         async with service_in_process(config) as url:
             yield url, llm
 
@@ -61,8 +67,12 @@ async def test_batch_events_and_results(service: tuple[str, ScriptedLLM]) -> Non
         follower = asyncio.create_task(follow())
         await asyncio.sleep(0.2)
         jobs = [{"instance": script(), "job_id": f"b-{i}"} for i in range(2)]
-        jobs.append({"instance": {"data_source": "test.script", "run": {"raise": "boom", "kind": "sandbox_dead"}},
-                     "job_id": "b-bad"})
+        jobs.append(
+            {
+                "instance": {"data_source": "test.script", "run": {"raise": "boom", "kind": "sandbox_dead"}},
+                "job_id": "b-bad",
+            }
+        )
         accepted = await c.submit_batch(jobs)
         assert [a["job_id"] for a in accepted] == ["b-0", "b-1", "b-bad"]
         await asyncio.wait_for(follower, 60)

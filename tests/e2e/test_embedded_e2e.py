@@ -32,8 +32,11 @@ SAMPLING = {"temperature": 1.0, "seed": 1234}
 
 
 @pytest.fixture
-async def stack(tmp_path: Path, test_image: Path, backend_available: dict[str, str | None],
-                ) -> AsyncIterator[tuple[str, RecordingProxy]]:
+async def stack(
+    tmp_path: Path,
+    test_image: Path,
+    backend_available: dict[str, str | None],
+) -> AsyncIterator[tuple[str, RecordingProxy]]:
     """llama-server ← recording proxy ← raas service (bwrap sandboxes); yields (service URL, proxy).
     Afterwards neither the model server nor any sandbox the service started may be left."""
     if backend_available.get("bwrap"):
@@ -44,9 +47,17 @@ async def stack(tmp_path: Path, test_image: Path, backend_available: dict[str, s
     try:
         async with RecordingProxy(llama.url) as proxy:
             config = ServiceConfig(
-                state_dir=tmp_path / "svc", sandbox={"backend": "bwrap", "image": str(test_image)},
-                llm_servers=[proxy.url], tokenizer_dir=prepare_tokenizer(), agent=AGENT, init_workers=2,
-                run_workers=4, eval_workers=2, shutdown_grace_s=0.0, default_timeout_s=240)
+                state_dir=tmp_path / "svc",
+                sandbox={"backend": "bwrap", "image": str(test_image)},
+                llm_servers=[proxy.url],
+                tokenizer_dir=prepare_tokenizer(),
+                agent=AGENT,
+                init_workers=2,
+                run_workers=4,
+                eval_workers=2,
+                shutdown_grace_s=0.0,
+                default_timeout_s=240,
+            )
             async with service_in_process(config, sandbox_manager=manager) as url:
                 yield url, proxy
             # The service closed every sandbox of every job before it stopped; nothing is left to close.
@@ -92,7 +103,11 @@ async def test_batch_over_http_is_token_exact_and_rewarded(stack: tuple[str, Rec
     problems = builtin_math(4)
     async with RaasClient(url) as client:
         accepted = await client.submit_batch(
-            [{"instance": p, "sampling_params": SAMPLING, "job_id": f"e2e-{i}"} for i, p in enumerate(problems)])
+            [
+                {"instance": p, "sampling_params": SAMPLING, "job_id": f"e2e-{i}"}
+                for i, p in enumerate(problems)
+            ]
+        )
         assert len(accepted) == 4
         results = [await client.wait(f"e2e-{i}", timeout_s=240) for i in range(4)]
     for res in results:
@@ -111,8 +126,19 @@ async def test_prorl_process_is_token_exact(stack: tuple[str, RecordingProxy]) -
     instance = dict(builtin_math(5)[4])
     async with httpx.AsyncClient(base_url=url, timeout=300) as http:
         assert (await http.post("/start")).status_code == 200
-        r = await http.post("/process", json={"instance": instance, "sampling_params": {
-            "temperature": 1.0, "top_p": 1.0, "seed": 7, "max_iterations": 2, "model": "hosted_vllm/x"}})
+        r = await http.post(
+            "/process",
+            json={
+                "instance": instance,
+                "sampling_params": {
+                    "temperature": 1.0,
+                    "top_p": 1.0,
+                    "seed": 7,
+                    "max_iterations": 2,
+                    "model": "hosted_vllm/x",
+                },
+            },
+        )
         assert r.status_code == 200, r.text
         out = r.json()
         assert (await http.post("/stop")).status_code == 200
@@ -121,5 +147,7 @@ async def test_prorl_process_is_token_exact(stack: tuple[str, RecordingProxy]) -
     messages = out["messages"]
     assert messages[-1]["role"] == "assistant"
     seq = [t for m in messages for t in (m.get("input_ids") or []) + (m.get("token_ids") or [])]
-    last = next(e for e in reversed(generations(proxy)) if seq[:len(e.request["prompt"])] == e.request["prompt"])
+    last = next(
+        e for e in reversed(generations(proxy)) if seq[: len(e.request["prompt"])] == e.request["prompt"]
+    )
     assert seq == last.request["prompt"] + last.response["tokens"]

@@ -58,7 +58,9 @@ def test_jsonl_and_parquet_in_the_deepscaler_shape(tmp_path: Path) -> None:
     jl = tmp_path / "d.jsonl"
     jl.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     pqf = tmp_path / "d.parquet"
-    pq.write_table(pa.Table.from_pylist([{"problem": "1+1?", "answer": "2"}, {"problem": "2*3?", "answer": "6"}]), pqf)
+    pq.write_table(
+        pa.Table.from_pylist([{"problem": "1+1?", "answer": "2"}, {"problem": "2*3?", "answer": "6"}]), pqf
+    )
     for f in (jl, pqf):
         got = load_dataset(str(f))
         assert [g["problem"] for g in got] == ["1+1?", "2*3?"]
@@ -70,8 +72,14 @@ def test_jsonl_and_parquet_in_the_deepscaler_shape(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("name", "content"),
-    [("bad.jsonl", '{"problem": "x", "answer": "1"}\n{not json\n'), ("rows.jsonl", '{"question": "x"}\n'),
-     ("scalar.jsonl", "3\n"), ("d.json", '{"a": 1}'), ("d.csv", "problem,answer\n"), ("d.parquet", "not parquet")],
+    [
+        ("bad.jsonl", '{"problem": "x", "answer": "1"}\n{not json\n'),
+        ("rows.jsonl", '{"question": "x"}\n'),
+        ("scalar.jsonl", "3\n"),
+        ("d.json", '{"a": 1}'),
+        ("d.csv", "problem,answer\n"),
+        ("d.parquet", "not parquet"),
+    ],
 )
 def test_bad_files_are_typed_errors(tmp_path: Path, name: str, content: str) -> None:
     f = tmp_path / name

@@ -14,9 +14,18 @@ pytestmark = pytest.mark.unit
 
 @pytest.mark.parametrize(
     ("answer", "truth", "reward"),
-    [("42", "42", 1.0), ("\\boxed{42}", "42", 1.0), ("0.75", "3/4", 1.0), ("$\\frac{3}{4}$", "3/4", 1.0),
-     ("29.4", "147/5", 1.0), ("41", "42", 0.0), ("forty-two", "42", 0.0), ("", "42", 0.0), (None, "42", 0.0),
-     ("x" * 5000, "42", 0.0)],
+    [
+        ("42", "42", 1.0),
+        ("\\boxed{42}", "42", 1.0),
+        ("0.75", "3/4", 1.0),
+        ("$\\frac{3}{4}$", "3/4", 1.0),
+        ("29.4", "147/5", 1.0),
+        ("41", "42", 0.0),
+        ("forty-two", "42", 0.0),
+        ("", "42", 0.0),
+        (None, "42", 0.0),
+        ("x" * 5000, "42", 0.0),
+    ],
 )
 async def test_score_answer(answer: str | None, truth: str, reward: float) -> None:
     got, details = await score_answer(answer, truth)
@@ -30,10 +39,13 @@ def test_last_boxed() -> None:
 
 
 def _env(answer: str | None, truth: str = "12") -> tuple[Job, Env]:
-    job = Job(job_id="j", instance={"data_source": "math", "problem": "p", "answer": truth}, trajectory_id="t")
+    job = Job(
+        job_id="j", instance={"data_source": "math", "problem": "p", "answer": truth}, trajectory_id="t"
+    )
     env = Env(job=job, sandboxes=None)  # type: ignore[arg-type]  # eval of math opens no sandbox
-    env.run_output = RunOutput(messages=[Message(role="assistant", content="...")], answer=answer,
-                               finish_reason="finish_tool")
+    env.run_output = RunOutput(
+        messages=[Message(role="assistant", content="...")], answer=answer, finish_reason="finish_tool"
+    )
     return job, env
 
 
@@ -61,9 +73,13 @@ async def test_eval_without_run_output_is_a_handler_error() -> None:
 
 @pytest.mark.parametrize(
     "instance",
-    [{"data_source": "math"}, {"data_source": "math", "problem": "", "answer": "1"},
-     {"data_source": "math", "problem": "p"}, {"data_source": "math", "problem": "p", "answer": True},
-     {"data_source": "math", "problem": 3, "answer": "1"}],
+    [
+        {"data_source": "math"},
+        {"data_source": "math", "problem": "", "answer": "1"},
+        {"data_source": "math", "problem": "p"},
+        {"data_source": "math", "problem": "p", "answer": True},
+        {"data_source": "math", "problem": 3, "answer": "1"},
+    ],
 )
 def test_validate_instance_rejects(instance: dict) -> None:
     with pytest.raises(RaasError) as e:

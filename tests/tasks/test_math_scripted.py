@@ -17,8 +17,12 @@ from raas.tasks.math import MathHandler
 
 pytestmark = pytest.mark.integration
 
-PROBLEM = {"data_source": "math", "instance_id": "p1",
-           "problem": "A tank holds 3/4 of 96 liters. How many liters is that?", "answer": "72"}
+PROBLEM = {
+    "data_source": "math",
+    "instance_id": "p1",
+    "problem": "A tank holds 3/4 of 96 liters. How many liters is that?",
+    "answer": "72",
+}
 
 
 @pytest.fixture(params=["local", "bwrap"])
@@ -27,8 +31,10 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def job_sandboxes(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig,
-                        ) -> AsyncIterator[JobSandboxes]:
+async def job_sandboxes(
+    sandbox_manager: SandboxManager,
+    sandbox_config: SandboxConfig,
+) -> AsyncIterator[JobSandboxes]:
     js = JobSandboxes(sandbox_manager, sandbox_config, owner="math-job")
     try:
         yield js
@@ -46,8 +52,9 @@ async def job_sandboxes(sandbox_manager: SandboxManager, sandbox_config: Sandbox
         (["I do not know."], 0.0),
     ],
 )
-async def test_scripted_policy_reward(tokenizer: ChatTokenizer, job_sandboxes: JobSandboxes, texts: list[str],
-                                      reward: float) -> None:
+async def test_scripted_policy_reward(
+    tokenizer: ChatTokenizer, job_sandboxes: JobSandboxes, texts: list[str], reward: float
+) -> None:
     handler = MathHandler()
     job = Job(job_id="math-job", instance=PROBLEM, trajectory_id="t")
     env = await handler.init(job, job_sandboxes)

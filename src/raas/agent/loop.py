@@ -119,7 +119,10 @@ async def run_agent(
     if st.seq_len() >= config.context_budget:
         raise RaasError(
             f"the initial prompt ({st.seq_len()} tokens) does not fit the context budget "
-            f"({config.context_budget})", kind="context_window_exceeded", stage="run")
+            f"({config.context_budget})",
+            kind="context_window_exceeded",
+            stage="run",
+        )
 
     finish_reason = "max_turns"
     answer: str | None = None
@@ -147,12 +150,23 @@ async def run_agent(
             if len(logprobs) != len(output_ids):
                 raise RaasError(
                     f"server returned {len(logprobs)} logprobs for {len(output_ids)} tokens",
-                    kind="llm_error", stage="run")
-            st.turns.append(Turn(
-                index=turn_index, prompt_ids=list(st.pending_prompt), prompt_is_delta=turn_index > 0,
-                prompt_len=prompt_len, output_ids=output_ids, logprobs=logprobs,
-                finish_reason=str(res.finish_reason), weight_version=res.weight_version, server=res.server,
-                latency_s=float(res.latency_s)))
+                    kind="llm_error",
+                    stage="run",
+                )
+            st.turns.append(
+                Turn(
+                    index=turn_index,
+                    prompt_ids=list(st.pending_prompt),
+                    prompt_is_delta=turn_index > 0,
+                    prompt_len=prompt_len,
+                    output_ids=output_ids,
+                    logprobs=logprobs,
+                    finish_reason=str(res.finish_reason),
+                    weight_version=res.weight_version,
+                    server=res.server,
+                    latency_s=float(res.latency_s),
+                )
+            )
             st.bump("llm_latency_s", float(res.latency_s))
             st.bump("response_tokens", len(output_ids))
             st.pending_prompt = []
@@ -160,8 +174,13 @@ async def run_agent(
             assistant = conv.add_assistant(output_ids, logprobs)
             text = _assistant_text(assistant)
             calls, errors = _parse(text)
-            msg = Message(role="assistant", content=text, tool_calls=calls or None, output_ids=output_ids,
-                          logprobs=logprobs)
+            msg = Message(
+                role="assistant",
+                content=text,
+                tool_calls=calls or None,
+                output_ids=output_ids,
+                logprobs=logprobs,
+            )
             st.messages.append(msg)
 
             last_turn = turn_index + 1 >= config.max_turns
@@ -175,8 +194,13 @@ async def run_agent(
                 stop: str | None = None
                 for err in errors:
                     st.bump("malformed_tool_calls")
-                    pending.append(Message(role="tool", content=f"Error: malformed tool call: {err}. {FORMAT_HINT}",
-                                           name="error"))
+                    pending.append(
+                        Message(
+                            role="tool",
+                            content=f"Error: malformed tool call: {err}. {FORMAT_HINT}",
+                            name="error",
+                        )
+                    )
                 for call in calls:
                     key = _call_key(call.name, call.arguments)
                     repeats = repeats + 1 if key == last_key else 1
@@ -187,7 +211,11 @@ async def run_agent(
                     st.bump("tool_calls")
                     bad = tools.check(call.name, call.arguments)
                     if bad is None and tools.is_terminal(call.name):
-                        answer = str(call.arguments["answer"]) if call.arguments.get("answer") is not None else None
+                        answer = (
+                            str(call.arguments["answer"])
+                            if call.arguments.get("answer") is not None
+                            else None
+                        )
                         stop = "finish_tool"
                         break
                     if bad is not None:
@@ -195,9 +223,13 @@ async def run_agent(
                         obs = bad
                     else:
                         t0 = time.monotonic()
-                        obs = await tools.dispatch(sandbox, call.name, call.arguments,
-                                                   timeout_s=config.tool_timeout_s,
-                                                   cap_bytes=config.observation_cap_bytes)
+                        obs = await tools.dispatch(
+                            sandbox,
+                            call.name,
+                            call.arguments,
+                            timeout_s=config.tool_timeout_s,
+                            cap_bytes=config.observation_cap_bytes,
+                        )
                         st.bump("tool_time_s", time.monotonic() - t0)
                     if obs.is_error and obs.kind not in ("unknown_tool", "bad_arguments"):
                         st.bump("tool_errors")
@@ -233,8 +265,14 @@ async def run_agent(
     if st.unseen:
         artifacts["unseen_observations"] = [m.model_dump(exclude_none=True) for m in st.unseen]
     return RunOutput(
-        messages=st.messages, turns=st.turns, token_trajectory=_flatten(st),
-        finish_reason=finish_reason, answer=answer, artifacts=artifacts, metrics=st.metrics)
+        messages=st.messages,
+        turns=st.turns,
+        token_trajectory=_flatten(st),
+        finish_reason=finish_reason,
+        answer=answer,
+        artifacts=artifacts,
+        metrics=st.metrics,
+    )
 
 
 def _assistant_text(assistant: Any) -> str:

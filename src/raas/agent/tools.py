@@ -33,7 +33,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "type": "object",
                 "properties": {
                     "command": {"type": "string", "description": "The command to run."},
-                    "timeout": {"type": "number", "description": "Seconds before the command is interrupted."},
+                    "timeout": {
+                        "type": "number",
+                        "description": "Seconds before the command is interrupted.",
+                    },
                 },
                 "required": ["command"],
             },
@@ -44,7 +47,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "function": {
             "name": "ipython",
             "description": "Run Python code in a persistent IPython kernel; returns stdout, the value of "
-                           "the last expression and any error.",
+            "the last expression and any error.",
             "parameters": {
                 "type": "object",
                 "properties": {"code": {"type": "string", "description": "Python code to execute."}},
@@ -57,7 +60,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "function": {
             "name": "str_replace_editor",
             "description": "View, create and edit files: view a file or directory, create a file, replace "
-                           "an exact unique string, insert text after a line, or undo the last edit.",
+            "an exact unique string, insert text after a line, or undo the last edit.",
             "parameters": {
                 "type": "object",
                 "properties": {
@@ -67,8 +70,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                     "old_str": {"type": "string", "description": "Exact text to replace (`str_replace`)."},
                     "new_str": {"type": "string", "description": "Replacement or inserted text."},
                     "insert_line": {"type": "integer", "description": "Insert after this line (`insert`)."},
-                    "view_range": {"type": "array", "items": {"type": "integer"},
-                                   "description": "[start, end] lines for `view`; end -1 means to the end."},
+                    "view_range": {
+                        "type": "array",
+                        "items": {"type": "integer"},
+                        "description": "[start, end] lines for `view`; end -1 means to the end.",
+                    },
                 },
                 "required": ["command", "path"],
             },
@@ -101,7 +107,11 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 _TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "number": (int, float), "integer": (int,), "array": (list,), "object": (dict,),
+    "string": (str,),
+    "number": (int, float),
+    "integer": (int,),
+    "array": (list,),
+    "object": (dict,),
     "boolean": (bool,),
 }
 
@@ -150,7 +160,9 @@ def validate_arguments(name: str, arguments: Mapping[str, Any]) -> str | None:
         types = _TYPES.get(expected or "", ())
         if value is None:
             continue
-        if types and (not isinstance(value, types) or (expected in ("number", "integer") and isinstance(value, bool))):
+        if types and (
+            not isinstance(value, types) or (expected in ("number", "integer") and isinstance(value, bool))
+        ):
             return f"argument {key!r} of {name} must be of type {expected}, got {type(value).__name__}"
         enum = props[key].get("enum")
         if enum and value not in enum:
@@ -215,15 +227,19 @@ class ToolSet:
     def check(self, name: str, arguments: Mapping[str, Any]) -> Observation | None:
         """An error observation when the call cannot be dispatched as written; None when it can."""
         if name not in self.names:
-            return Observation(f"Error: unknown tool {name!r}. Available tools: {', '.join(self.names)}.",
-                               is_error=True, kind="unknown_tool")
+            return Observation(
+                f"Error: unknown tool {name!r}. Available tools: {', '.join(self.names)}.",
+                is_error=True,
+                kind="unknown_tool",
+            )
         problem = validate_arguments(name, arguments)
         if problem:
             return Observation(f"Error: {problem}.", is_error=True, kind="bad_arguments")
         return None
 
-    async def dispatch(self, sandbox: Sandbox, name: str, arguments: Mapping[str, Any], *,
-                       timeout_s: float, cap_bytes: int) -> Observation:
+    async def dispatch(
+        self, sandbox: Sandbox, name: str, arguments: Mapping[str, Any], *, timeout_s: float, cap_bytes: int
+    ) -> Observation:
         """Run one (already checked) call in ``sandbox``; policy-level failures become observations."""
         bad = self.check(name, arguments)
         if bad is not None:
@@ -244,5 +260,7 @@ class ToolSet:
         except RaasError as e:
             if e.kind in FATAL_KINDS:
                 raise
-            return Observation(truncate(f"Error ({e.kind}): {e.message}", cap_bytes), is_error=True, kind=e.kind)
+            return Observation(
+                truncate(f"Error ({e.kind}): {e.message}", cap_bytes), is_error=True, kind=e.kind
+            )
         return Observation(truncate(text, cap_bytes))

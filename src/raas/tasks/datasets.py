@@ -22,10 +22,38 @@ BUILTIN_MATH_DEFAULT_N = 16
 BUILTIN_MATH_MAX_N = 500
 _SEED = 20240601
 
-_NAMES = ["Ava", "Ben", "Chloe", "Diego", "Emma", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kira", "Liam",
-          "Maya", "Noah", "Olga", "Priya", "Quinn", "Rosa", "Sam", "Tara"]
-_ITEMS = [("apple", "apples"), ("pencil", "pencils"), ("notebook", "notebooks"), ("marble", "marbles"),
-          ("sticker", "stickers"), ("cookie", "cookies"), ("book", "books"), ("ticket", "tickets")]
+_NAMES = [
+    "Ava",
+    "Ben",
+    "Chloe",
+    "Diego",
+    "Emma",
+    "Farid",
+    "Grace",
+    "Hiro",
+    "Ines",
+    "Jonas",
+    "Kira",
+    "Liam",
+    "Maya",
+    "Noah",
+    "Olga",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sam",
+    "Tara",
+]
+_ITEMS = [
+    ("apple", "apples"),
+    ("pencil", "pencils"),
+    ("notebook", "notebooks"),
+    ("marble", "marbles"),
+    ("sticker", "stickers"),
+    ("cookie", "cookies"),
+    ("book", "books"),
+    ("ticket", "tickets"),
+]
 
 
 def _fmt(x: Fraction) -> str:
@@ -37,8 +65,11 @@ def _shopping(r: random.Random) -> tuple[str, Fraction]:
     name = r.choice(_NAMES)
     item, items = r.choice(_ITEMS)
     n, price, money = r.randint(3, 12), r.randint(2, 9), r.randint(120, 200)
-    return (f"{name} has {money} dollars and buys {n} {items} that cost {price} dollars per {item}. "
-            f"How many dollars does {name} have left?", Fraction(money - n * price))
+    return (
+        f"{name} has {money} dollars and buys {n} {items} that cost {price} dollars per {item}. "
+        f"How many dollars does {name} have left?",
+        Fraction(money - n * price),
+    )
 
 
 def _sharing(r: random.Random) -> tuple[str, Fraction]:
@@ -46,31 +77,42 @@ def _sharing(r: random.Random) -> tuple[str, Fraction]:
     _, items = r.choice(_ITEMS)
     friends, each, extra = r.randint(3, 9), r.randint(4, 15), r.randint(1, 20)
     total = friends * each + extra
-    return (f"{name} has {total} {items}. {name} keeps {extra} and shares the rest equally among {friends} "
-            f"friends. How many {items} does each friend get?", Fraction(each))
+    return (
+        f"{name} has {total} {items}. {name} keeps {extra} and shares the rest equally among {friends} "
+        f"friends. How many {items} does each friend get?",
+        Fraction(each),
+    )
 
 
 def _speed(r: random.Random) -> tuple[str, Fraction]:
     name = r.choice(_NAMES)
     speed, hours, minutes = r.randint(30, 90), r.randint(1, 5), r.choice([0, 15, 30, 45])
     t = Fraction(hours) + Fraction(minutes, 60)
-    return (f"{name} drives at a constant {speed} kilometers per hour for {hours} hours and {minutes} minutes. "
-            f"How many kilometers does {name} travel?", speed * t)
+    return (
+        f"{name} drives at a constant {speed} kilometers per hour for {hours} hours and {minutes} minutes. "
+        f"How many kilometers does {name} travel?",
+        speed * t,
+    )
 
 
 def _ages(r: random.Random) -> tuple[str, Fraction]:
     a, b = r.sample(_NAMES, 2)
     child, k, years = r.randint(4, 15), r.randint(2, 4), r.randint(2, 12)
-    return (f"{a} is {k} times as old as {b}. {b} is {child} years old. How old will {a} be in {years} years?",
-            Fraction(k * child + years))
+    return (
+        f"{a} is {k} times as old as {b}. {b} is {child} years old. How old will {a} be in {years} years?",
+        Fraction(k * child + years),
+    )
 
 
 def _rectangle(r: random.Random) -> tuple[str, Fraction]:
     w, extra = r.randint(3, 20), r.randint(1, 15)
     length = w + extra
     perimeter = 2 * (w + length)
-    return (f"A rectangle is {extra} meters longer than it is wide and its perimeter is {perimeter} meters. "
-            f"What is its area in square meters?", Fraction(w * length))
+    return (
+        f"A rectangle is {extra} meters longer than it is wide and its perimeter is {perimeter} meters. "
+        f"What is its area in square meters?",
+        Fraction(w * length),
+    )
 
 
 def _percent(r: random.Random) -> tuple[str, Fraction]:
@@ -78,8 +120,11 @@ def _percent(r: random.Random) -> tuple[str, Fraction]:
     tax = r.choice([0, 5, 10])
     final = Fraction(price) * (100 - off) / 100 * (100 + tax) / 100
     tail = f" and then a {tax}% tax is added to the discounted price" if tax else ""
-    return (f"A jacket costs {price} dollars. It is discounted by {off}%{tail}. What is the final price in "
-            f"dollars?", final)
+    return (
+        f"A jacket costs {price} dollars. It is discounted by {off}%{tail}. What is the final price in "
+        f"dollars?",
+        final,
+    )
 
 
 def _fractions(r: random.Random) -> tuple[str, Fraction]:
@@ -88,28 +133,39 @@ def _fractions(r: random.Random) -> tuple[str, Fraction]:
     a, b = r.choice([(1, 2), (1, 3), (2, 3), (1, 4), (3, 4)]), r.choice([(1, 2), (1, 3), (1, 4), (1, 5)])
     after_first = Fraction(total) * (1 - Fraction(*a))
     left = after_first * (1 - Fraction(*b))
-    return (f"{name} has a {total}-page book. On Monday {name} reads {a[0]}/{a[1]} of the book, and on Tuesday "
-            f"{name} reads {b[0]}/{b[1]} of the pages that were left. How many pages are still unread?", left)
+    return (
+        f"{name} has a {total}-page book. On Monday {name} reads {a[0]}/{a[1]} of the book, and on Tuesday "
+        f"{name} reads {b[0]}/{b[1]} of the pages that were left. How many pages are still unread?",
+        left,
+    )
 
 
 def _work_rate(r: random.Random) -> tuple[str, Fraction]:
     x, y = r.sample([2, 3, 4, 5, 6, 8, 10, 12], 2)
-    return (f"One pipe fills a tank in {x} hours and another fills it in {y} hours. How many hours do they "
-            f"take to fill the tank together?", 1 / (Fraction(1, x) + Fraction(1, y)))
+    return (
+        f"One pipe fills a tank in {x} hours and another fills it in {y} hours. How many hours do they "
+        f"take to fill the tank together?",
+        1 / (Fraction(1, x) + Fraction(1, y)),
+    )
 
 
 def _sum_series(r: random.Random) -> tuple[str, Fraction]:
     start, step, n = r.randint(1, 10), r.randint(2, 7), r.randint(5, 20)
     last = start + (n - 1) * step
-    return (f"What is the sum of the arithmetic sequence {start}, {start + step}, {start + 2 * step}, ..., "
-            f"{last}?", Fraction(n * (start + last), 2))
+    return (
+        f"What is the sum of the arithmetic sequence {start}, {start + step}, {start + 2 * step}, ..., "
+        f"{last}?",
+        Fraction(n * (start + last), 2),
+    )
 
 
 def _coins(r: random.Random) -> tuple[str, Fraction]:
     name = r.choice(_NAMES)
     q, d, n = r.randint(2, 15), r.randint(2, 20), r.randint(1, 25)
-    return (f"{name} has {q} quarters, {d} dimes and {n} nickels. How many cents does {name} have in total?",
-            Fraction(25 * q + 10 * d + 5 * n))
+    return (
+        f"{name} has {q} quarters, {d} dimes and {n} nickels. How many cents does {name} have in total?",
+        Fraction(25 * q + 10 * d + 5 * n),
+    )
 
 
 def _average(r: random.Random) -> tuple[str, Fraction]:
@@ -118,21 +174,37 @@ def _average(r: random.Random) -> tuple[str, Fraction]:
     target = r.randint(75, 95)
     need = target * (len(scores) + 1) - sum(scores)
     listed = ", ".join(str(s) for s in scores)
-    return (f"{name} scored {listed} on the first {len(scores)} tests. What score does {name} need on the "
-            f"next test for the average of all {len(scores) + 1} tests to be exactly {target}?", Fraction(need))
+    return (
+        f"{name} scored {listed} on the first {len(scores)} tests. What score does {name} need on the "
+        f"next test for the average of all {len(scores) + 1} tests to be exactly {target}?",
+        Fraction(need),
+    )
 
 
 def _mixture(r: random.Random) -> tuple[str, Fraction]:
     a, b = r.randint(2, 10), r.randint(2, 10)
     pa, pb = r.choice([10, 20, 30, 40]), r.choice([50, 60, 70, 80])
     pct = Fraction(a * pa + b * pb, a + b)
-    return (f"{a} liters of a {pa}% salt solution are mixed with {b} liters of a {pb}% salt solution. What "
-            f"is the salt percentage of the mixture?", pct)
+    return (
+        f"{a} liters of a {pa}% salt solution are mixed with {b} liters of a {pb}% salt solution. What "
+        f"is the salt percentage of the mixture?",
+        pct,
+    )
 
 
 _TEMPLATES: list[Callable[[random.Random], tuple[str, Fraction]]] = [
-    _shopping, _sharing, _speed, _ages, _rectangle, _percent, _fractions, _work_rate, _sum_series, _coins,
-    _average, _mixture,
+    _shopping,
+    _sharing,
+    _speed,
+    _ages,
+    _rectangle,
+    _percent,
+    _fractions,
+    _work_rate,
+    _sum_series,
+    _coins,
+    _average,
+    _mixture,
 ]
 
 
@@ -144,12 +216,14 @@ def builtin_math(n: int = BUILTIN_MATH_DEFAULT_N) -> list[dict[str, Any]]:
     for i in range(n):
         r = random.Random(_SEED * 1000 + i)
         problem, answer = _TEMPLATES[i % len(_TEMPLATES)](r)
-        out.append({
-            "instance_id": f"builtin-math-{i:04d}",
-            "data_source": "math",
-            "problem": problem,
-            "answer": _fmt(answer),
-        })
+        out.append(
+            {
+                "instance_id": f"builtin-math-{i:04d}",
+                "data_source": "math",
+                "problem": problem,
+                "answer": _fmt(answer),
+            }
+        )
     return out
 
 
@@ -159,8 +233,10 @@ def _normalise_row(row: dict[str, Any], index: int, origin: str, data_source: st
     inst = dict(row)
     if "problem" not in inst or "answer" not in inst:
         if "data_source" not in inst:
-            raise RaasError(f"{origin}: row {index} needs 'problem' and 'answer' (or its own 'data_source')",
-                            kind="bad_request")
+            raise RaasError(
+                f"{origin}: row {index} needs 'problem' and 'answer' (or its own 'data_source')",
+                kind="bad_request",
+            )
     if "answer" in inst and not isinstance(inst["answer"], str):
         inst["answer"] = str(inst["answer"])
     inst.setdefault("data_source", data_source)
@@ -207,11 +283,12 @@ def load_file(path: Path, data_source: str = "math") -> list[dict[str, Any]]:
 def load_dataset(name: str) -> list[dict[str, Any]]:
     """Resolve a dataset name: ``builtin:math`` (16), ``builtin:math:N`` (N problems) or a file path."""
     if name.startswith(BUILTIN_PREFIX):
-        spec = name[len(BUILTIN_PREFIX):]
+        spec = name[len(BUILTIN_PREFIX) :]
         base, _, size = spec.partition(":")
         if base != "math":
-            raise RaasError(f"unknown built-in dataset {name!r} (known: builtin:math, builtin:math:N)",
-                            kind="bad_request")
+            raise RaasError(
+                f"unknown built-in dataset {name!r} (known: builtin:math, builtin:math:N)", kind="bad_request"
+            )
         if not size:
             return builtin_math()
         try:

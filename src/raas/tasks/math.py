@@ -69,8 +69,9 @@ async def score_answer(answer: str | None, truth: str) -> tuple[float, dict[str,
     try:
         ok, details = await asyncio.wait_for(asyncio.to_thread(_verify_sync, answer, truth), VERIFY_TIMEOUT_S)
     except TimeoutError as e:
-        raise RaasError(f"math-verify took longer than {VERIFY_TIMEOUT_S:.0f}s", kind="timeout",
-                        stage="eval") from e
+        raise RaasError(
+            f"math-verify took longer than {VERIFY_TIMEOUT_S:.0f}s", kind="timeout", stage="eval"
+        ) from e
     return (1.0 if ok else 0.0), details
 
 
@@ -97,8 +98,13 @@ class MathHandler(TaskHandler):
             raise RaasError("math run stage has no sandbox", kind="handler_error", stage="run")
         system = llm.agent.system_prompt or SYSTEM_PROMPT
         out = await run_agent(
-            job, env.sandbox, llm, ToolSet(self.tools), llm.agent,
-            system_prompt=system, user_prompt=str(job.instance["problem"]),
+            job,
+            env.sandbox,
+            llm,
+            ToolSet(self.tools),
+            llm.agent,
+            system_prompt=system,
+            user_prompt=str(job.instance["problem"]),
         )
         if out.answer is None:
             # A policy that writes the answer in LaTeX instead of calling finish still gets scored.

@@ -101,13 +101,16 @@ def get_handler(data_source: str) -> TaskHandler:
         cls = _classes.get(data_source)
         if cls is None:
             if data_source in _broken:
-                raise RaasError(f"task handler {data_source!r} is unavailable: {_broken[data_source]}",
-                                kind="bad_request")
+                raise RaasError(
+                    f"task handler {data_source!r} is unavailable: {_broken[data_source]}", kind="bad_request"
+                )
             known = ", ".join(sorted(_classes))
             raise RaasError(f"unknown data_source {data_source!r} (known: {known})", kind="bad_request")
         try:
             inst = cls()
         except Exception as e:
-            raise RaasError(f"task handler {data_source!r} failed to construct: {e}", kind="handler_error") from e
+            raise RaasError(
+                f"task handler {data_source!r} failed to construct: {e}", kind="handler_error"
+            ) from e
         _instances[data_source] = inst
         return inst

@@ -18,9 +18,18 @@ import httpx
 
 from raas.errors import RaasError
 
-_STATUS_KIND = {400: "bad_request", 401: "bad_request", 403: "bad_request", 404: "not_found",
-                409: "bad_request", 413: "payload_too_large", 422: "bad_request", 429: "overloaded",
-                503: "unavailable", 504: "timeout"}
+_STATUS_KIND = {
+    400: "bad_request",
+    401: "bad_request",
+    403: "bad_request",
+    404: "not_found",
+    409: "bad_request",
+    413: "payload_too_large",
+    422: "bad_request",
+    429: "overloaded",
+    503: "unavailable",
+    504: "timeout",
+}
 
 
 def _error_from(resp: httpx.Response) -> RaasError:
@@ -55,14 +64,22 @@ def _error_from(resp: httpx.Response) -> RaasError:
 class RaasClient:
     """``async with RaasClient(url) as c: await c.submit(instance)``."""
 
-    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0,
-                 max_retries_429: int = 30, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        max_retries_429: int = 30,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.max_retries_429 = max_retries_429
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, transport=transport,
-                                       timeout=httpx.Timeout(timeout_s))
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers, transport=transport, timeout=httpx.Timeout(timeout_s)
+        )
 
     async def __aenter__(self) -> RaasClient:
         return self
@@ -73,18 +90,34 @@ class RaasClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
-                       timeout_s: float | None = None, ok: Iterable[int] = (200, 201, 202)) -> Any:
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+        ok: Iterable[int] = (200, 201, 202),
+    ) -> Any:
         attempts = 0
         while True:
             try:
                 resp = await self._http.request(
-                    method, path, json=json_body, params=params,
-                    timeout=httpx.Timeout(timeout_s) if timeout_s is not None else httpx.USE_CLIENT_DEFAULT)
+                    method,
+                    path,
+                    json=json_body,
+                    params=params,
+                    timeout=httpx.Timeout(timeout_s) if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
+                )
             except httpx.TimeoutException as e:
-                raise RaasError(f"{method} {path}: no answer from {self.base_url} in time", kind="timeout") from e
+                raise RaasError(
+                    f"{method} {path}: no answer from {self.base_url} in time", kind="timeout"
+                ) from e
             except httpx.HTTPError as e:
-                raise RaasError(f"{method} {path}: cannot reach {self.base_url}: {e}", kind="unavailable") from e
+                raise RaasError(
+                    f"{method} {path}: cannot reach {self.base_url}: {e}", kind="unavailable"
+                ) from e
             if resp.status_code == 429 and attempts < self.max_retries_429:
                 attempts += 1
                 await asyncio.sleep(_retry_after(resp))
@@ -99,12 +132,22 @@ class RaasClient:
                 raise RaasError(f"{method} {path}: response is not JSON", kind="internal") from e
 
     # -- jobs ---------------------------------------------------------------------------------------
-    async def submit(self, instance: dict[str, Any], *, sampling_params: dict[str, Any] | None = None,
-                     job_id: str | None = None, timeout_s: float | None = None, priority: int | None = None,
-                     retry_on_restart: bool | None = None) -> dict[str, Any]:
+    async def submit(
+        self,
+        instance: dict[str, Any],
+        *,
+        sampling_params: dict[str, Any] | None = None,
+        job_id: str | None = None,
+        timeout_s: float | None = None,
+        priority: int | None = None,
+        retry_on_restart: bool | None = None,
+    ) -> dict[str, Any]:
         """Queue one job; returns ``{job_id, status, ...}`` (idempotent on ``job_id``)."""
-        return await self._request("POST", "/v1/jobs", json_body=_job_body(
-            instance, sampling_params, job_id, timeout_s, priority, retry_on_restart))
+        return await self._request(
+            "POST",
+            "/v1/jobs",
+            json_body=_job_body(instance, sampling_params, job_id, timeout_s, priority, retry_on_restart),
+        )
 
     async def submit_batch(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Queue many jobs (each a request body: ``{instance, sampling_params?, job_id?, ...}``)."""
@@ -123,10 +166,17 @@ class RaasClient:
     async def result(self, job_id: str, wait_s: float = 0.0) -> dict[str, Any] | None:
         """The result if the job is finished (waiting up to ``wait_s`` server-side), else None."""
         body = await self._request(
-            "GET", f"/v1/jobs/{quote(job_id, safe='')}/result", params={"wait": wait_s} if wait_s else None,
-            timeout_s=wait_s + self.timeout_s, ok=(200, 202))
-        if isinstance(body, dict) and body.get("status") in ("completed", "failed", "timeout", "cancelled") \
-                and "token_trajectory" in body:
+            "GET",
+            f"/v1/jobs/{quote(job_id, safe='')}/result",
+            params={"wait": wait_s} if wait_s else None,
+            timeout_s=wait_s + self.timeout_s,
+            ok=(200, 202),
+        )
+        if (
+            isinstance(body, dict)
+            and body.get("status") in ("completed", "failed", "timeout", "cancelled")
+            and "token_trajectory" in body
+        ):
             return body
         return None
 
@@ -205,11 +255,22 @@ def _retry_after(resp: httpx.Response) -> float:
         return 1.0
 
 
-def _job_body(instance: dict[str, Any], sampling_params: dict[str, Any] | None, job_id: str | None,
-              timeout_s: float | None, priority: int | None, retry_on_restart: bool | None) -> dict[str, Any]:
+def _job_body(
+    instance: dict[str, Any],
+    sampling_params: dict[str, Any] | None,
+    job_id: str | None,
+    timeout_s: float | None,
+    priority: int | None,
+    retry_on_restart: bool | None,
+) -> dict[str, Any]:
     body: dict[str, Any] = {"instance": instance}
-    for key, value in (("sampling_params", sampling_params), ("job_id", job_id), ("timeout_s", timeout_s),
-                       ("priority", priority), ("retry_on_restart", retry_on_restart)):
+    for key, value in (
+        ("sampling_params", sampling_params),
+        ("job_id", job_id),
+        ("timeout_s", timeout_s),
+        ("priority", priority),
+        ("retry_on_restart", retry_on_restart),
+    ):
         if value is not None:
             body[key] = value
     return body

@@ -132,13 +132,18 @@ async def events(
     request: Request,
     terminal_only: Annotated[bool, Query(description="Only terminal states")] = False,
 ) -> StreamingResponse:
-    """Server-Sent Events: one ``job`` event per state change (``data`` is a JobEvent)."""
+    """Server-Sent Events: one ``job`` event per state change (``data`` is a JobEvent). A client too slow
+    to keep up gets a ``dropped`` event (``{"dropped": n}``, the running total) and should poll results."""
     service = service_of(request)
 
     async def stream() -> AsyncIterator[bytes]:
         async with service.events() as sub:
             yield b": connected\n\n"
+            reported = 0
             while True:
+                if sub.dropped > reported:
+                    reported = sub.dropped
+                    yield f'event: dropped\ndata: {{"dropped": {reported}}}\n\n'.encode()
                 try:
                     event = await asyncio.wait_for(sub.get(), SSE_HEARTBEAT_S)
                 except TimeoutError:
@@ -148,7 +153,7 @@ async def events(
                     return
                 if terminal_only and event.status not in ("completed", "failed", "timeout", "cancelled"):
                     continue
-                yield f"event: job\nid: {event.job_id}\ndata: {event.model_dump_json()}\n\n".encode()
+                yield f"event: job\ndata: {event.model_dump_json()}\n\n".encode()
 
     return StreamingResponse(
         stream(),

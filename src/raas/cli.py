@@ -587,12 +587,32 @@ def status(
         for name, v in stages.items():
             t.add_row(name, *(str(v.get(c, "")) if isinstance(v, dict) else "" for c in cols))
         out.print(t)
-    others = (
-        {k: v for k, v in (st or {}).items() if k != "stages"} if isinstance(st, dict) else {"status": st}
-    )
-    if others:
-        out.print_json(json.dumps(others, default=str))
-    out.print_json(json.dumps({"llm_servers": servers}, default=str))
+    if isinstance(st, dict):
+        skip = ("stages", "llm_servers")
+        out.print_json(json.dumps({k: v for k, v in st.items() if k not in skip}, default=str))
+    rows = servers.get("servers") if isinstance(servers, dict) else servers
+    if isinstance(rows, list) and rows:
+        t = Table(title="inference servers")
+        for c in ("address", "kind", "weight_version", "healthy", "in_flight", "requests", "failures"):
+            t.add_column(c)
+        for r in rows:
+            t.add_row(
+                *(
+                    str(r.get(c, ""))
+                    for c in (
+                        "address",
+                        "kind",
+                        "weight_version",
+                        "healthy",
+                        "in_flight",
+                        "requests",
+                        "failures",
+                    )
+                )
+            )
+        out.print(t)
+    else:
+        out.print("no inference servers registered")
 
 
 _mount()

@@ -108,6 +108,9 @@ async def test_typed_errors(service: tuple[str, ScriptedLLM]) -> None:
         with pytest.raises(RaasError) as e:
             await c.submit({"problem": "no data source"})
         assert e.value.kind == "bad_request"
+        with pytest.raises(RaasError) as e:  # the math handler checks its instances at submit time
+            await c.submit({"data_source": "math", "problem": ""})
+        assert e.value.kind == "bad_request" and "problem" in e.value.message
     async with RaasClient("http://127.0.0.1:9") as dead:
         with pytest.raises(RaasError) as e:
             await dead.health()
@@ -129,3 +132,26 @@ async def test_llm_server_management(service: tuple[str, ScriptedLLM]) -> None:
         st = await c.status()
         assert isinstance(st, dict) and st
         assert (await c.health()) is not None
+
+
+async def test_full_service_is_retried_after_retry_after(tmp_path: Path) -> None:
+    async with ScriptedLLM(fixed(3)) as llm:
+        config = ServiceConfig(
+            state_dir=tmp_path / "svc",
+            sandbox={"backend": "local"},
+            llm_servers=[llm.url],
+            extra_handlers={"test.script": "tests.doubles.handlers:StageScriptHandler"},
+            max_pending=1,
+            retry_after_s=0.2,
+            shutdown_grace_s=0.0,
+        )
+        async with service_in_process(config) as url:
+            async with RaasClient(url, max_retries_429=0) as impatient, RaasClient(url) as patient:
+                await patient.submit(script(job_sleep=1.0), job_id="first")
+                with pytest.raises(RaasError) as e:
+                    await impatient.submit(script(), job_id="second")
+                assert e.value.kind == "overloaded"
+                # The patient client waits out the 429s and gets in once the first job is done.
+                await patient.submit(script(), job_id="second")
+                assert (await patient.wait("first", timeout_s=30))["status"] == "completed"
+                assert (await patient.wait("second", timeout_s=30))["status"] == "completed"

@@ -51,7 +51,7 @@ def test_sif_offset_parsing() -> None:
 
 
 @pytest.mark.skipif(shutil.which("apptainer") is None, reason="apptainer is not installed")
-def test_sif_pack_and_unpack_once(tmp_path: Path) -> None:
+def test_apptainer_sif_pack_and_unpack_once(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     (tree / "etc").mkdir(parents=True)
     (tree / "etc" / "raas-test").write_text("hello\n")
@@ -67,3 +67,14 @@ def test_sif_pack_and_unpack_once(tmp_path: Path) -> None:
     assert [p.name for p in cache.iterdir() if p.name.startswith(".conv-")] == []
     os.utime(sif, ns=(stamp, stamp + 10**9))  # a changed SIF is a different source
     assert ensure_sandbox_dir(str(sif), cache=cache) != unpacked
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_apptainer_source_into_unwritable_cache_is_typed(tmp_path: Path) -> None:
+    sif = tmp_path / "x.sif"
+    sif.write_bytes(b"not really a sif")
+    cache = tmp_path / "ro-cache"
+    cache.mkdir(mode=0o555)
+    with pytest.raises(RaasError) as e:
+        ensure_sandbox_dir(str(sif), cache=cache)
+    assert e.value.kind == "sandbox_start_failed" and "RAAS_IMAGE_CACHE" in e.value.message

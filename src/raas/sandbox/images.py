@@ -99,8 +99,15 @@ def _ensure_mount_points(root: Path) -> None:
 @contextlib.contextmanager
 def _build_lock(cache: Path, key: str) -> Iterator[None]:
     """Serialise builds of one key across processes (a second builder waits, then reuses)."""
-    cache.mkdir(parents=True, exist_ok=True)
-    fd = os.open(cache / f".lock-{key}", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        fd = os.open(cache / f".lock-{key}", os.O_RDWR | os.O_CREAT, 0o644)
+        if not os.access(cache, os.W_OK):
+            os.close(fd)
+            raise PermissionError(f"{cache} is not writable")
+    except OSError as e:
+        raise RaasError(f"cannot build into the image cache {cache} ({e}); point RAAS_IMAGE_CACHE at a "
+                        "writable directory", kind="sandbox_start_failed") from e
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -95,11 +95,6 @@ async def test_real_context_errors_become_context_window_exceeded(key: str, endp
 
 
 @pytest.mark.unit
-@pytest.mark.xfail(
-    strict=True,
-    reason="the client probes the tokens-only route with a GET (405 = present), but vLLM 0.32 answers 405 "
-    "whether or not --enable-scale-out is on and refuses the POST with 403 when it is off",
-)
 async def test_auto_endpoint_falls_back_to_completions_without_scale_out() -> None:
     """Replays what a real vLLM started without ``--enable-scale-out`` answered."""
     meta = _fixture("vllm_capture.json")

@@ -221,7 +221,12 @@ class VLLMDouble(WireDouble):
                 body, fault = await self._record(request)
                 if fault is not None:
                     return fault
-                ids = body["token_ids"]
+                ids = body.get("token_ids")
+                if not isinstance(ids, list):  # vLLM validates the body: 422, as for any bad request
+                    return JSONResponse(
+                        {"detail": [{"type": "missing", "loc": ["body", "token_ids"], "msg": "Field required"}]},
+                        status_code=422,
+                    )
                 if (refusal := too_long(ids)) is not None:
                     return refusal
                 params = body.get("sampling_params") or {}

@@ -62,12 +62,17 @@ class VLLMClient(ServerClient):
         return ServerInfo(kind=self.kind, model=first.get("id"), context_length=int(ctx) if ctx else None)
 
     async def _has_tokens_endpoint(self) -> bool:
-        """A GET on a POST-only route answers 405 when the route exists, 404 when it does not."""
+        """Probe the tokens-only route with an empty POST.
+
+        vLLM answers a GET on that route with 405 whether or not it is enabled, and refuses POSTs with 403
+        when the server runs without ``--enable-scale-out``; an enabled route rejects the empty body as
+        invalid (400/422). Only that answer means the route is usable.
+        """
         try:
-            r = await self.http.get(self.address + "/inference/v1/generate", timeout=5.0)
+            r = await self.http.post(self.address + "/inference/v1/generate", json={}, timeout=5.0)
         except httpx.HTTPError:
             return False
-        return r.status_code == 405
+        return r.status_code in (400, 422)
 
     def build_request(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, max_tokens: int

@@ -667,6 +667,8 @@ class RolloutService:
             await self._abort(a, stage, _timeout_error(stage, a, ceiling, used))
             return
         if a.cancel_reason is not None or task.cancelled():
+            if not task.cancelled():
+                task.exception()  # it ended on its own as the cancel arrived: the cancel wins, quietly
             metrics.observe_stage(stage, elapsed, "cancelled")
             await self._abort(a, stage, _cancel_error(a.cancel_reason or "cancelled", stage))
             return

@@ -288,3 +288,33 @@ async def test_chatty_server_is_still_found(sandbox_manager: SandboxManager,
     cfg = SandboxConfig(backend="local", env={"PYTHONPATH": f"{chatty}:{bundle}"})
     async with sandbox_manager.sandbox(cfg, owner="t") as sb:
         assert (await sb.tools.bash("echo fine")).output.strip() == "fine"
+
+
+SILENT = '''import os, socket, sys, time
+# Test double: a tool server that announces itself ready, accepts a connection, then never answers.
+path = sys.argv[sys.argv.index("--socket") + 1]
+srv = socket.socket(socket.AF_UNIX)
+srv.bind(path)
+srv.listen()
+print("RAAS_TOOLSERVER_READY 1", flush=True)
+conn, _ = srv.accept()
+with open(os.environ["RAAS_TEST_FIFO"], "w") as f:
+    f.write("accepted")
+time.sleep(600)
+'''
+
+
+async def test_cancel_during_handshake_closes_the_connection(sandbox_manager: SandboxManager,
+                                                             tmp_path_factory: pytest.TempPathFactory) -> None:
+    silent = tmp_path_factory.mktemp("silent-server")
+    (silent / "raas_toolserver.py").write_text(SILENT)
+    fifo = silent / "accepted.fifo"
+    os.mkfifo(fifo)
+    cfg = SandboxConfig(backend="local", env={"PYTHONPATH": str(silent), "RAAS_TEST_FIFO": str(fifo)})
+    task = asyncio.create_task(sandbox_manager.start(cfg, owner="t"))
+    # Blocks until the double has accepted our connection (a FIFO read: no polling).
+    assert await asyncio.wait_for(asyncio.to_thread(lambda: open(fifo).read()), 60) == "accepted"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sandbox_manager.list() == []  # the fixture checks no socket, process or dir is left

@@ -324,6 +324,9 @@ class Sandbox(ABC):
             await client.close()
             raise RaasError(f"cannot reach the tool server: {e.message}; {self._log_tail()}",
                             kind="sandbox_start_failed") from e
+        except BaseException:  # cancelled mid-handshake: the connection must not outlive us
+            await asyncio.shield(client.close())
+            raise
         return client
 
     async def _watch(self) -> None:

@@ -162,7 +162,7 @@ async def test_trainer_flow_from_the_reference(make_api: APIFactory) -> None:
 
 
 async def test_error_semantics(make_api: APIFactory) -> None:
-    api = await make_api(default_timeout_s=0.5)
+    api = await make_api(default_timeout_s=2.0)
     client = ProRLTrainerClient(api.url)
     async with ScriptedLLM(fixed(2)) as llm:
         await client.start_server()

@@ -20,7 +20,8 @@ from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
 SYSTEM_PROMPT = (
     "You are a careful math assistant working in a sandbox. Solve the user's problem step by step. "
     "You may run Python with the ipython tool or shell commands with the bash tool to compute. "
-    "When you know the answer, call the finish tool with the final answer only (a number or expression)."
+    "When you know the answer, call the finish tool with the final answer only (a number or expression); "
+    "if you cannot call tools, end your reply with the answer as \\boxed{answer}."
 )
 MAX_ANSWER_CHARS = 2000
 """Longer submissions are not parsed (sympy time grows fast with input size); they score 0."""

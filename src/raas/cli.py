@@ -234,8 +234,19 @@ async def drive(
         gate = asyncio.Semaphore(parallel_polls)
 
         async def one(job_id: str) -> dict[str, Any]:
-            async with gate:
-                res = await client.wait(job_id, timeout_s=job_timeout_s)
+            try:
+                async with gate:
+                    res = await client.wait(job_id, timeout_s=job_timeout_s)
+            except RaasError as e:
+                # The result could not be fetched (service gone, job pruned): report it as a filtered
+                # failure of this client rather than losing every other result with it.
+                res = {
+                    "job_id": job_id,
+                    "status": "failed",
+                    "reward": None,
+                    "filter": True,
+                    "error": {"stage": "client", "kind": e.kind, "message": e.message},
+                }
             progress.set(job_id, str(res.get("status")))
             return res
 

@@ -155,3 +155,25 @@ async def test_full_service_is_retried_after_retry_after(tmp_path: Path) -> None
                 await patient.submit(script(), job_id="second")
                 assert (await patient.wait("first", timeout_s=30))["status"] == "completed"
                 assert (await patient.wait("second", timeout_s=30))["status"] == "completed"
+
+
+async def test_drive_reports_unfetchable_results_as_filtered_failures(
+    service: tuple[str, ScriptedLLM],
+) -> None:
+    """The ``raas run`` driver: a result the client cannot fetch is a typed, filtered failure, not a crash."""
+    from raas.cli import RunProgress, drive
+
+    url, _ = service
+
+    class Forgetful(RaasClient):
+        async def wait(self, job_id: str, timeout_s: float | None = None, poll_s: float = 30.0) -> dict:
+            if job_id == "d-1":
+                raise RaasError("gone", kind="not_found")
+            return await super().wait(job_id, timeout_s, poll_s)
+
+    async with Forgetful(url) as c:
+        jobs = [{"instance": script(), "job_id": f"d-{i}"} for i in range(3)]
+        results = await drive(c, jobs, RunProgress(len(jobs)))
+    assert [r["status"] for r in results] == ["completed", "failed", "completed"]
+    assert results[1]["filter"] is True and results[1]["reward"] is None
+    assert results[1]["error"] == {"stage": "client", "kind": "not_found", "message": "gone"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 from pathlib import Path
 
 from raas.api.app import serve
@@ -71,8 +72,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    config = build_config(args)
-    asyncio.run(serve(RolloutService(config), log_level=args.log_level))
+    try:
+        config = build_config(args)
+        asyncio.run(serve(RolloutService(config), log_level=args.log_level))
+    except RaasError as exc:  # a bad config or an unusable state dir: say so, no traceback
+        print(f"raas: {exc.message}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,19 @@ def test_builtin_answers_are_recomputable_from_the_text() -> None:
             x, y = map(int, m.groups())
             assert Fraction(inst["answer"]) == Fraction(x * y, x + y)
             checked += 1
-    assert checked >= 15
+        m = re.search(r"has (\d+) quarters, (\d+) dimes and (\d+) nickels", p)
+        if m:
+            q, d, n = map(int, m.groups())
+            assert Fraction(inst["answer"]) == 25 * q + 10 * d + 5 * n
+            checked += 1
+        m = re.search(r"scored ([\d, ]+) on the first \d+ tests.*all (\d+) tests to be exactly (\d+)", p)
+        if m:
+            scores = [int(x) for x in m.group(1).split(",")]
+            n, target = int(m.group(2)), int(m.group(3))
+            need = Fraction(inst["answer"])
+            assert (sum(scores) + need) / n == target and 60 <= need <= 100
+            checked += 1
+    assert checked >= 35
 
 
 def test_builtin_names() -> None:

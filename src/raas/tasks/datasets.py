@@ -161,7 +161,7 @@ def _sum_series(r: random.Random) -> tuple[str, Fraction]:
 
 def _coins(r: random.Random) -> tuple[str, Fraction]:
     name = r.choice(_NAMES)
-    q, d, n = r.randint(2, 15), r.randint(2, 20), r.randint(1, 25)
+    q, d, n = r.randint(2, 15), r.randint(2, 20), r.randint(2, 25)
     return (
         f"{name} has {q} quarters, {d} dimes and {n} nickels. How many cents does {name} have in total?",
         Fraction(25 * q + 10 * d + 5 * n),
@@ -171,12 +171,14 @@ def _coins(r: random.Random) -> tuple[str, Fraction]:
 def _average(r: random.Random) -> tuple[str, Fraction]:
     name = r.choice(_NAMES)
     scores = [r.randint(60, 100) for _ in range(r.randint(3, 5))]
-    target = r.randint(75, 95)
-    need = target * (len(scores) + 1) - sum(scores)
+    n = len(scores) + 1
+    # A needed score in 60..100 that makes the average a whole number (exists: 41 consecutive values).
+    need = next(x for x in range(r.randint(60, 80), 101) if (sum(scores) + x) % n == 0)
+    target = (sum(scores) + need) // n
     listed = ", ".join(str(s) for s in scores)
     return (
         f"{name} scored {listed} on the first {len(scores)} tests. What score does {name} need on the "
-        f"next test for the average of all {len(scores) + 1} tests to be exactly {target}?",
+        f"next test for the average of all {n} tests to be exactly {target}?",
         Fraction(need),
     )
 

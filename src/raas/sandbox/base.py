@@ -418,22 +418,23 @@ class Sandbox(ABC):
 
 
 def remove_tree(path: Path) -> None:
-    """rm -rf that also copes with read-only dirs a sandbox created inside its workspace."""
-
-    def fix(func: Callable[..., Any], p: str, exc_info: Any) -> None:
-        if isinstance(exc_info[1], FileNotFoundError):
-            return
+    """rm -rf that also copes with unreadable or read-only dirs a sandbox created in its workspace."""
+    if not (path.exists() or path.is_symlink()):
+        return
+    try:
+        shutil.rmtree(path)
+        return
+    except OSError:
+        pass
+    # Give ourselves rwx on every directory (top-down, so locked ones become listable), then retry.
+    stack = [str(path)]
+    while stack:
+        d = stack.pop()
         with contextlib.suppress(OSError):
-            parent = os.path.dirname(p)
-            os.chmod(parent, os.stat(parent).st_mode | stat.S_IRWXU)
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, os.stat(p).st_mode | stat.S_IRWXU)
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                func(p)
-
-    if path.exists() or path.is_symlink():
-        shutil.rmtree(path, onerror=fix)
+            os.chmod(d, stat.S_IMODE(os.lstat(d).st_mode) | stat.S_IRWXU)
+        with contextlib.suppress(OSError), os.scandir(d) as it:
+            stack.extend(e.path for e in it if e.is_dir(follow_symlinks=False))
+    shutil.rmtree(path, ignore_errors=True)
 
 
 BACKENDS: dict[str, str] = {

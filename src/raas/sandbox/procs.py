@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,8 +101,38 @@ def killpg_quietly(pgid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pgid, sig)
 
 
-def kill_by_env(value: str, rounds: int = 5) -> int:
-    """SIGKILL every process tagged with sandbox id ``value``; repeat so late forks are caught too.
+def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
+    """Block until the processes have exited (pidfds turn readable; no polling loop); returns stragglers.
+
+    A SIGKILLed process can take a while to finish exiting (unmounting a container's filesystems), and
+    until then it still shows up in /proc with its environment.
+    """
+    fds: dict[int, int] = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fds[os.pidfd_open(pid)] = pid
+    try:
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        deadline = time.monotonic() + timeout_s
+        pending = set(fds)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for fd, _ in poller.poll(left * 1000):
+                pending.discard(fd)
+                poller.unregister(fd)
+        return sorted(fds[fd] for fd in pending)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def kill_by_env(value: str, rounds: int = 5, wait_s: float = 10.0) -> int:
+    """SIGKILL every process tagged with sandbox id ``value`` and wait until they are gone; repeat so
+    late forks are caught too.
 
     Stopping first means a process cannot fork between being found and being killed.
     Returns how many distinct processes were signalled.
@@ -114,6 +146,7 @@ def kill_by_env(value: str, rounds: int = 5) -> int:
             kill_quietly(pid, signal.SIGSTOP)
         for pid in pids:
             kill_quietly(pid, signal.SIGKILL)
+        wait_gone(pids, wait_s)
         seen.update(pids)
     return len(seen)
 

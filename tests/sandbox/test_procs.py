@@ -1,0 +1,73 @@
+"""Finding and killing a sandbox's processes through /proc, and removing what a sandbox wrote."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from raas.sandbox import procs
+from raas.sandbox.base import remove_tree
+
+pytestmark = pytest.mark.unit
+
+
+def spawn_tagged(tag: str, script: str = "sleep 300") -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["sh", "-c", script], env={**os.environ, procs.ENV_KEY: tag},
+                            start_new_session=True)
+
+
+def test_identity_checks() -> None:
+    p = spawn_tagged("sb-111111111111")
+    try:
+        started = procs.start_time(p.pid)
+        assert started is not None
+        assert procs.environ_value(p.pid) == "sb-111111111111"
+        assert procs.is_same_process(p.pid, started, "sb-111111111111")
+        assert not procs.is_same_process(p.pid, started + 1, "sb-111111111111")  # pid reused later
+        assert not procs.is_same_process(p.pid, started, "sb-222222222222")
+        assert p.pid in procs.pids_with_env("sb-111111111111")
+    finally:
+        p.kill()
+        p.wait()
+    assert procs.start_time(p.pid) is None
+
+
+def test_kill_by_env_gets_forks_and_spares_others() -> None:
+    # A process tree that keeps forking, in its own sessions: only the tag finds all of it.
+    target = spawn_tagged("sb-333333333333", "setsid sleep 300 & (sleep 300 &) ; while true; do sleep 1; done")
+    other = spawn_tagged("sb-444444444444")
+    try:
+        assert procs.kill_by_env("sb-333333333333") >= 3
+        assert procs.pids_with_env("sb-333333333333") == []
+        assert procs.environ_value(other.pid) == "sb-444444444444"
+    finally:
+        for p in (target, other):
+            p.kill()
+            p.wait()
+
+
+def test_wait_gone_reports_stragglers() -> None:
+    p = spawn_tagged("sb-555555555555")
+    try:
+        assert procs.wait_gone([p.pid], 0.05) == [p.pid]
+        p.kill()
+        assert procs.wait_gone([p.pid], 30) == []
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_remove_tree_copes_with_read_only_dirs(tmp_path: Path) -> None:
+    d = tmp_path / "ws" / "locked" / "deeper"
+    d.mkdir(parents=True)
+    (d / "f").write_text("x")
+    (d / "f").chmod(0)
+    d.chmod(0o500)
+    (tmp_path / "ws" / "locked").chmod(0)
+    remove_tree(tmp_path / "ws")
+    assert not (tmp_path / "ws").exists()
+    remove_tree(tmp_path / "ws")  # absent: fine
+    assert procs.mounts_under(tmp_path) == []

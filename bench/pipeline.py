@@ -4,6 +4,7 @@
    sandbox) through the real service with ``local`` and ``bwrap`` sandboxes (and with no sandbox, to show
    the service's own cost): rollouts/s with everything submitted at once, and the latency the service adds
    to one rollout (its total time minus the time spent inside the three stages), rollouts run one by one.
+   The scripted policy runs in a process of its own (``python -m tests.doubles.scripted_llm``).
 2. ``decoupling``: a scripted vLLM-protocol server with a fixed capacity (``capacity`` concurrent
    sequences at ``tokens_per_s`` each) and INIT/EVAL latencies drawn from log-normal distributions.
    raas's three pools versus a coupled baseline (one pool of workers each doing init → run → eval) with
@@ -23,6 +24,7 @@ import math
 import os
 import platform
 import random
+import socket
 import statistics
 import sys
 import tempfile
@@ -30,20 +32,19 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+import httpx
+
+from raas.agent.trajectory import EvalOutput, RunOutput, TokenTrajectory
+from raas.llm import LLMBalancer, SamplingParams
+from raas.pipeline.config import ServiceConfig
+from raas.pipeline.jobs import JobRequest
+from raas.pipeline.service import RolloutService
+from raas.sandbox import SandboxConfig, SandboxManager
+from raas.sandbox.images import image_cache_dir
+from raas.tasks import registry
+from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # tests.doubles (the scripted policy server) lives in the repository
-
-from tests.doubles.scripted_llm import ScriptedLLM, fixed  # noqa: E402
-
-from raas.agent.trajectory import EvalOutput, RunOutput, TokenTrajectory  # noqa: E402
-from raas.llm import LLMBalancer, SamplingParams  # noqa: E402
-from raas.pipeline.config import ServiceConfig  # noqa: E402
-from raas.pipeline.jobs import JobRequest  # noqa: E402
-from raas.pipeline.service import RolloutService  # noqa: E402
-from raas.sandbox import SandboxConfig, SandboxManager  # noqa: E402
-from raas.sandbox.images import image_cache_dir  # noqa: E402
-from raas.tasks import registry  # noqa: E402
-from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler  # noqa: E402
 
 
 class BenchHandler(TaskHandler):
@@ -130,7 +131,7 @@ async def run_all(service: RolloutService, instances: list[dict[str, Any]]) -> l
 
 async def overhead(root: Path, n: dict[str, int], bwrap_image: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    async with ScriptedLLM(fixed(8)) as llm:
+    async with PolicyProcess({"tokens": 8}) as llm:  # instant: no capacity model
         balancer = LLMBalancer(health_interval_s=0)
         balancer.add(llm.url)
         variants: list[tuple[str, dict[str, Any] | None]] = [("none", None), ("local", {"backend": "local"})]
@@ -207,36 +208,83 @@ def decoupling_jobs(n: int, p: dict[str, Any], seed: int) -> list[dict[str, Any]
     ]
 
 
-class Window:
-    """Resets the LLM statistics when ``lo`` of the jobs are done and reads them when ``hi`` are done."""
+class PolicyProcess:
+    """The capacity-limited scripted policy in a process of its own, so its timing does not share the
+    event loop (or the GIL) with the system under test; statistics are read over HTTP."""
 
-    def __init__(self, llm: ScriptedLLM, total: int, lo: float = 0.1, hi: float = 0.9) -> None:
+    def __init__(self, p: dict[str, Any]) -> None:
+        self.p = p
+        self.proc: asyncio.subprocess.Process | None = None
+        self.url = ""
+        self.http = httpx.AsyncClient(timeout=30)
+
+    async def __aenter__(self) -> PolicyProcess:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        args = ["--port", str(port), "--tokens", str(self.p["tokens"])]
+        if self.p.get("capacity"):
+            args += ["--capacity", str(self.p["capacity"]), "--tokens-per-s", str(self.p["tokens_per_s"])]
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.doubles.scripted_llm", *args, cwd=REPO, env=env,
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        line = (await asyncio.wait_for(self.proc.stdout.readline(), 60)).decode()
+        if not line.startswith("SCRIPTED_LLM_READY"):
+            raise RuntimeError(f"scripted policy did not start: {line!r}")
+        self.url = line.split()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.http.aclose()
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            await self.proc.wait()
+
+    async def reset(self) -> None:
+        (await self.http.post(self.url + "/_scripted/reset")).raise_for_status()
+
+    async def stats(self) -> dict[str, float]:
+        r = await self.http.get(self.url + "/_scripted/stats")
+        r.raise_for_status()
+        return r.json()  # type: ignore[no-any-return]
+
+
+class Window:
+    """Resets the policy's statistics when ``lo`` of the jobs are done and reads them when ``hi`` are."""
+
+    def __init__(self, llm: PolicyProcess, total: int, lo: float = 0.1, hi: float = 0.9) -> None:
         self.llm, self.lo, self.hi = llm, max(1, int(total * lo)), max(2, int(total * hi))
         self.done = 0
-        self.stats: dict[str, float] | None = None
+        self._reset: asyncio.Task[None] | None = None
+        self._stats: asyncio.Task[dict[str, float]] | None = None
         self.t_lo = self.t_hi = 0.0
 
     def finished(self) -> None:
         self.done += 1
         if self.done == self.lo:
-            self.llm.reset_stats()
+            self._reset = asyncio.ensure_future(self.llm.reset())
             self.t_lo = time.perf_counter()
         elif self.done == self.hi:
-            self.stats = self.llm.stats()
+            self._stats = asyncio.ensure_future(self.llm.stats())
             self.t_hi = time.perf_counter()
 
-    def report(self) -> dict[str, float]:
-        assert self.stats is not None
+    async def report(self) -> dict[str, float]:
+        assert self._reset is not None and self._stats is not None
+        await self._reset
+        stats = await self._stats
         span = self.t_hi - self.t_lo
         return {
-            "llm_utilization": round(self.stats["utilization"], 4),
+            "llm_utilization": round(stats["utilization"], 4),
             "rollouts_per_s": round((self.hi - self.lo) / span, 2),
             "window_s": round(span, 2),
         }
 
 
 async def decoupled_run(root: Path, jobs: list[dict[str, Any]], p: dict[str, Any]) -> dict[str, Any]:
-    async with ScriptedLLM(fixed(p["tokens"]), capacity=p["capacity"], tokens_per_s=p["tokens_per_s"]) as llm:
+    async with PolicyProcess(p) as llm:
         balancer = LLMBalancer(health_interval_s=0)
         balancer.add(llm.url)
         service = await make_service(
@@ -261,16 +309,12 @@ async def decoupled_run(root: Path, jobs: list[dict[str, Any]], p: dict[str, Any
         finally:
             await service.shutdown(0)
             await balancer.aclose()
-        return {
-            **window.report(),
-            "total_wall_s": round(wall, 2),
-            "max_active_sequences": llm.stats()["max_active"],
-        }
+        return {**await window.report(), "total_wall_s": round(wall, 2)}
 
 
 async def coupled_run(root: Path, jobs: list[dict[str, Any]], p: dict[str, Any]) -> dict[str, Any]:
     """The baseline: W workers, each doing init → run → eval for one job at a time (no separate pools)."""
-    async with ScriptedLLM(fixed(p["tokens"]), capacity=p["capacity"], tokens_per_s=p["tokens_per_s"]) as llm:
+    async with PolicyProcess(p) as llm:
         balancer = LLMBalancer(health_interval_s=0)
         balancer.add(llm.url)
         manager = SandboxManager(root / "coupled" / "sandboxes")
@@ -303,11 +347,7 @@ async def coupled_run(root: Path, jobs: list[dict[str, Any]], p: dict[str, Any])
         wall = time.perf_counter() - t0
         await balancer.aclose()
         await manager.close_all()
-        return {
-            **window.report(),
-            "total_wall_s": round(wall, 2),
-            "max_active_sequences": llm.stats()["max_active"],
-        }
+        return {**await window.report(), "total_wall_s": round(wall, 2)}
 
 
 async def decoupling(root: Path, n_jobs: int) -> dict[str, Any]:

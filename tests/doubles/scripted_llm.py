@@ -178,6 +178,16 @@ class ScriptedLLM:
         async def health() -> dict[str, str]:
             return {}
 
+        @app.get("/_scripted/stats")
+        async def scripted_stats() -> dict[str, float]:
+            """Not part of vLLM: lets a benchmark in another process read :meth:`stats`."""
+            return self.stats()
+
+        @app.post("/_scripted/reset")
+        async def scripted_reset() -> dict[str, float]:
+            self.reset_stats()
+            return self.stats()
+
         @app.get("/version")
         async def version() -> dict[str, str]:
             return {"version": "0.0.0-scripted"}
@@ -395,3 +405,42 @@ class ScriptedLLM:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=30)
             loop.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m tests.doubles.scripted_llm --port P --tokens N [--capacity C --tokens-per-s R]``: serve
+    :func:`fixed` completions from a process of its own (benchmarks), until SIGINT/SIGTERM."""
+    import argparse
+    import signal
+
+    p = argparse.ArgumentParser(prog="python -m tests.doubles.scripted_llm")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--tokens", type=int, default=8, help="tokens per completion")
+    p.add_argument("--capacity", type=int)
+    p.add_argument("--tokens-per-s", type=float)
+    p.add_argument("--prefill-s", type=float, default=0.0)
+    args = p.parse_args(argv)
+
+    async def run() -> None:
+        llm = ScriptedLLM(
+            fixed(args.tokens),
+            capacity=args.capacity,
+            tokens_per_s=args.tokens_per_s,
+            prefill_s=args.prefill_s,
+            host=args.host,
+            port=args.port,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with llm:
+            print(f"SCRIPTED_LLM_READY {llm.url}", flush=True)
+            await stop.wait()
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()

@@ -146,3 +146,22 @@ async def test_stop_token_ids_end_the_output_on_llamacpp(
     first = greedy.output_ids.index(stop)
     assert cut.output_ids == greedy.output_ids[: first + 1] and cut.finish_reason == "stop"
     assert len(cut.logprobs) == len(cut.output_ids)
+
+
+async def test_multibyte_characters_keep_every_token_and_never_invent_logprobs(
+    llama_url: str, http: httpx.AsyncClient, smol: ChatTokenizer
+) -> None:
+    """llama.cpp reports one probability per complete UTF-8 piece, so the byte tokens of a multi-byte
+    character share one entry. The client keeps every sampled ID and leaves the unreported logprobs None."""
+    client = LlamaCppClient(llama_url, http)
+    conv = smol.conversation([{"role": "user", "content": "Write emoji and Chinese: 你好世界 🎉🎉 美"}])
+    saw_missing = False
+    for seed in range(24):
+        res = await client.generate(conv.prompt_ids, SamplingParams(max_tokens=6, temperature=1.5, seed=seed))
+        assert len(res.logprobs) == len(res.output_ids)
+        missing = [i for i, lp in enumerate(res.logprobs) if lp is None]
+        for i in missing:
+            # only byte tokens (no complete character on their own) can lack a logprob
+            assert "\ufffd" in smol.decode([res.output_ids[i]])
+        saw_missing = saw_missing or bool(missing)
+    assert saw_missing, "no seed produced a multi-byte character; the prompt no longer exercises the case"

@@ -168,3 +168,21 @@ async def test_rl_defaults_switch_off_llamacpp_truncation(http: httpx.AsyncClien
     assert (
         body["prompt"] == [1, 2] and body["n_predict"] == 8 and body["return_tokens"] and body["n_probs"] == 1
     )
+
+
+@pytest.mark.unit
+def test_llamacpp_probabilities_are_aligned_to_the_byte_tokens_of_a_character() -> None:
+    """As llama-server answered (captured here): U+FF0B (full-width plus) is bytes 8083+229, reported once with id 229."""
+    from raas.llm.servers.llamacpp import align_logprobs
+
+    tokens = [54, 23359, 256, 8083, 229, 33]
+    probs = [{"id": t, "logprob": -float(k)} for k, t in enumerate([54, 23359, 256, 229, 33], start=1)]
+    assert align_logprobs(tokens, probs) == [-1.0, -2.0, -3.0, None, -4.0, -5.0]
+    # a character cut off by the length limit: its trailing byte token gets no entry at all
+    assert align_logprobs([24, 612, 10813], [{"id": 24, "logprob": -1.0}, {"id": 612, "logprob": -2.0}]) == [
+        -1.0,
+        -2.0,
+        None,
+    ]
+    with pytest.raises(LLMError):
+        align_logprobs([1, 2], [{"id": 3, "logprob": -1.0}])

@@ -32,7 +32,7 @@ NUDGE = "You did not call a tool. Call a tool to continue, or call finish with y
 class _Piece:
     ids: list[int]
     sampled: bool
-    logprobs: list[float] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
 
 
 @dataclass
@@ -146,7 +146,7 @@ async def run_agent(
                     break
                 raise
             output_ids = list(res.output_ids)
-            logprobs = [float(x) for x in res.logprobs]
+            logprobs = [None if x is None else float(x) for x in res.logprobs]
             if len(logprobs) != len(output_ids):
                 raise RaasError(
                     f"server returned {len(logprobs)} logprobs for {len(output_ids)} tokens",
@@ -169,6 +169,7 @@ async def run_agent(
             )
             st.bump("llm_latency_s", float(res.latency_s))
             st.bump("response_tokens", len(output_ids))
+            st.bump("logprobs_missing", sum(1 for x in logprobs if x is None))
             st.pending_prompt = []
             st.pieces.append(_Piece(output_ids, sampled=True, logprobs=logprobs))
             assistant = conv.add_assistant(output_ids, logprobs)

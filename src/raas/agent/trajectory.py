@@ -33,7 +33,7 @@ class Message(BaseModel):
     name: str | None = None
     input_ids: list[int] = Field(default_factory=list)
     output_ids: list[int] | None = None
-    logprobs: list[float] | None = None
+    logprobs: list[float | None] | None = None
 
 
 class Turn(BaseModel):
@@ -46,7 +46,9 @@ class Turn(BaseModel):
     prompt_len: int
     """Total prompt length sent for this turn."""
     output_ids: list[int]
-    logprobs: list[float]
+    logprobs: list[float | None]
+    """``None`` where the server reported no logprob (llama.cpp: all but the last byte token of a
+    multi-byte character); vLLM and SGLang report every token."""
     finish_reason: str
     weight_version: str | None = None
     server: str | None = None
@@ -57,13 +59,14 @@ class TokenTrajectory(BaseModel):
     """Flattened training view: ``prompt_ids`` then ``response_ids``.
 
     ``loss_mask[i]`` is 1 where ``response_ids[i]`` was sampled by the policy and 0 where the environment or
-    the chat template added it; ``logprobs[i]`` is the sampling logprob (0.0 where the mask is 0).
+    the chat template added it; ``logprobs[i]`` is the sampling logprob (0.0 where the mask is 0, ``None``
+    where the mask is 1 but the server reported no logprob for that token — recompute it in the trainer).
     """
 
     prompt_ids: list[int] = Field(default_factory=list)
     response_ids: list[int] = Field(default_factory=list)
     loss_mask: list[int] = Field(default_factory=list)
-    logprobs: list[float] = Field(default_factory=list)
+    logprobs: list[float | None] = Field(default_factory=list)
 
 
 FinishReason = Literal[

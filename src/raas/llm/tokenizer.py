@@ -373,7 +373,7 @@ class Conversation:
         ids: Sequence[int],
         source: str,
         mask: int,
-        logprobs: Sequence[float] | None,
+        logprobs: Sequence[float | None] | None,
         message_index: int | None = None,
     ) -> None:
         if not ids:
@@ -387,7 +387,9 @@ class Conversation:
             self.logprobs.extend([None] * len(ids))
         self.segments.append(Segment(source, start, len(self.ids), message_index))
 
-    def add_assistant(self, output_ids: Sequence[int], logprobs: Sequence[float] | None = None) -> Message:
+    def add_assistant(
+        self, output_ids: Sequence[int], logprobs: Sequence[float | None] | None = None
+    ) -> Message:
         """Append the IDs the policy sampled, then whatever the template's assistant closing still
         needs (e.g. ``\\n`` after a server-returned ``<|im_end|>``, or all of it when the server
         stripped the stop token or the output hit ``max_tokens``). Returns the decoded message."""

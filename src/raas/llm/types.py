@@ -54,10 +54,15 @@ class SamplingParams(BaseModel):
 
 @dataclass
 class GenerateResult:
-    """What one generate call produced: exactly the sampled IDs and their logprobs."""
+    """What one generate call produced: exactly the sampled IDs and their logprobs.
+
+    ``logprobs[i]`` is ``None`` only where the server did not report one: llama.cpp reports a single
+    probability for the byte tokens that together make one multi-byte character (the last of them),
+    and none for bytes of a character cut off by ``max_tokens``. vLLM and SGLang report every token.
+    """
 
     output_ids: list[int]
-    logprobs: list[float]
+    logprobs: list[float | None]
     finish_reason: str  # "stop" | "length" | "abort"
     server: str = ""
     weight_version: str | None = None

@@ -52,16 +52,7 @@ class LlamaCppClient(ServerClient):
 
     def parse_response(self, body: Any) -> GenerateResult:
         tokens = int_list(require(body, "tokens"), "tokens")
-        probs = body.get("completion_probabilities") or []
-        if len(probs) != len(tokens):
-            raise LLMError(f"llama.cpp returned {len(probs)} token probabilities for {len(tokens)} tokens")
-        logprobs: list[float] = []
-        for i, (tid, entry) in enumerate(zip(tokens, probs, strict=True)):
-            if entry.get("id") is not None and entry["id"] != tid:
-                raise LLMError(f"llama.cpp token {i}: tokens says {tid}, probabilities say {entry['id']}")
-            if "logprob" not in entry:
-                raise LLMError("llama.cpp returned probabilities without logprob (server too old)")
-            logprobs.append(float(entry["logprob"]))
+        logprobs = align_logprobs(tokens, body.get("completion_probabilities") or [])
         stop_type = body.get("stop_type") or ("eos" if body.get("stopped_eos") else "limit")
         timings = body.get("timings") or {}
         cached = body.get("tokens_cached")
@@ -75,3 +66,32 @@ class LlamaCppClient(ServerClient):
             cached_tokens=cached,
             extra={"stop_type": stop_type, "timings": timings},
         )
+
+
+def align_logprobs(tokens: Sequence[int], probs: Sequence[Any]) -> list[float | None]:
+    """Line llama.cpp's probability entries up with the exact sampled tokens.
+
+    llama.cpp emits one entry per *complete UTF-8 text piece*: the byte tokens of a multi-byte character
+    share one entry (carrying the id and logprob of the last of them), and trailing bytes of a character
+    cut off by the length limit get none. The entries are therefore an ordered subsequence of ``tokens``;
+    tokens without an entry get ``None`` — never an invented number.
+    """
+    out: list[float | None] = [None] * len(tokens)
+    j = 0
+    for i, tid in enumerate(tokens):
+        if j >= len(probs):
+            break
+        entry = probs[j]
+        if not isinstance(entry, dict) or "logprob" not in entry:
+            raise LLMError("llama.cpp returned probabilities without logprob (server too old)")
+        eid = entry.get("id")
+        if eid is None and len(probs) != len(tokens):
+            raise LLMError("llama.cpp probabilities carry no token ids: cannot align them with the tokens")
+        if eid is None or eid == tid:
+            out[i] = float(entry["logprob"])
+            j += 1
+    if j != len(probs):
+        raise LLMError(
+            f"llama.cpp returned {len(probs)} token probabilities that do not match its {len(tokens)} tokens"
+        )
+    return out

@@ -14,6 +14,10 @@ ErrorKind = Literal[
     "bad_request",
     "not_found",
     "payload_too_large",
+    "unauthorized",
+    # service state
+    "overloaded",
+    "unavailable",
     # sandbox and tool problems
     "sandbox_start_failed",
     "sandbox_dead",

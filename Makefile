@@ -9,7 +9,7 @@ export RAAS_HOME ?= $(HOME)/.cache/raas
 export LLAMA_CPP_BUILD_JOBS ?= 2
 export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF
 
-.PHONY: install sysdeps run test test-vllm lint bench clean
+.PHONY: install image sysdeps run test test-vllm lint bench clean
 
 sysdeps:
 	bash scripts/install-sysdeps.sh
@@ -25,7 +25,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/raas llm prepare
 	touch $(STAMP)
 
-install: sysdeps $(STAMP)
+# The sandbox image of the built-in math task (Debian + python3 + ipykernel), cached by spec hash, so the
+# first `make run` doesn't wait for debootstrap. Building needs root; without it `raas run` falls back to
+# the unisolated `local` sandbox and says so.
+image: $(STAMP)
+	$(BIN)/raas image build --debian bookworm --packages python3,python3-ipykernel,python3-jupyter-client \
+	  || echo "make: could not build the sandbox image (needs root + debootstrap); raas run will use 'local'"
+
+install: sysdeps $(STAMP) image
 
 run: install
 	$(BIN)/raas run builtin:math -o results.jsonl

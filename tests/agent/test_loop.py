@@ -14,6 +14,7 @@ from raas.agent.trajectory import RunOutput
 from raas.errors import RaasError
 from raas.llm.balancer import LLMBalancer
 from raas.llm.tokenizer import ChatTokenizer
+from raas.pipeline import metrics
 from raas.sandbox import Sandbox
 from raas.tasks.base import LLMContext
 
@@ -249,3 +250,41 @@ async def test_editor_and_submit_with_weight_version(tokenizer: ChatTokenizer, s
     assert out.metrics["tool_errors"] == 1
     assert (await sandbox.tools.read_file(str(path))) == b"alpha\ngamma\n"
     assert_token_exact(out, server)
+
+
+def _tool_calls_recorded(tool: str, ok: bool) -> float:
+    """How many calls of ``tool`` the process-wide Prometheus histogram has seen so far."""
+    value = metrics.REGISTRY.get_sample_value(
+        "raas_tool_latency_seconds_count", {"tool": tool, "ok": str(ok).lower()}
+    )
+    return value or 0.0
+
+
+async def test_every_dispatched_tool_call_is_recorded_in_the_latency_metric(
+    tokenizer: ChatTokenizer, sandbox: Sandbox
+) -> None:
+    missing = sandbox.workspace / "missing.txt"
+    texts = [
+        tool_call("bash", command="echo one"),
+        tool_call("bash", command="echo two"),
+        tool_call("str_replace_editor", command="view", path=str(missing)),  # fails in the sandbox
+        tool_call("no_such_tool", x=1),  # never reaches the sandbox: not a tool call to time
+        tool_call("finish", answer="done"),
+    ]
+    tools = ToolSet(["bash", "str_replace_editor", "finish"])
+    keys = [("bash", True), ("bash", False), ("str_replace_editor", True), ("str_replace_editor", False)]
+    before = {k: _tool_calls_recorded(*k) for k in keys}
+    async with scripted_policy(tokenizer, texts) as (_, llm, _s):
+        out = await run_agent(make_job(), sandbox, llm, tools, AgentConfig(max_turns=6), user_prompt="q")
+    assert out.finish_reason == "finish_tool"
+    delta = {k: _tool_calls_recorded(*k) - before[k] for k in keys}
+    assert delta == {
+        ("bash", True): 2,
+        ("bash", False): 0,
+        ("str_replace_editor", True): 0,
+        ("str_replace_editor", False): 1,
+    }
+    assert _tool_calls_recorded("no_such_tool", False) == 0
+    assert _tool_calls_recorded("finish", True) == _tool_calls_recorded("finish", False) == 0
+    body = metrics.render().decode()
+    assert 'raas_tool_latency_seconds_bucket{le="+Inf",ok="true",tool="bash"}' in body

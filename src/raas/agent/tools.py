@@ -7,11 +7,13 @@ died, the tool server is gone) propagate as :class:`~raas.errors.RaasError` so t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raas.errors import RaasError
+from raas.pipeline.metrics import observe_tool
 
 if TYPE_CHECKING:
     from raas.sandbox import Sandbox
@@ -240,10 +242,27 @@ class ToolSet:
     async def dispatch(
         self, sandbox: Sandbox, name: str, arguments: Mapping[str, Any], *, timeout_s: float, cap_bytes: int
     ) -> Observation:
-        """Run one (already checked) call in ``sandbox``; policy-level failures become observations."""
+        """Run one (already checked) call in ``sandbox``; policy-level failures become observations.
+
+        Every call that reaches the sandbox is recorded in ``raas_tool_latency_seconds`` (``ok`` is false
+        when it came back as an error or raised), so operators see tool latency per tool."""
         bad = self.check(name, arguments)
         if bad is not None:
             return bad
+        if name in TERMINAL_TOOLS:  # the loop ends the run on these; nothing runs in the sandbox
+            return Observation(f"Error: {name} cannot be dispatched", is_error=True, kind="unknown_tool")
+        started = time.monotonic()
+        try:
+            obs = await self._run(sandbox, name, arguments, timeout_s=timeout_s, cap_bytes=cap_bytes)
+        except BaseException:
+            observe_tool(name, time.monotonic() - started, ok=False)
+            raise
+        observe_tool(name, time.monotonic() - started, ok=not obs.is_error)
+        return obs
+
+    async def _run(
+        self, sandbox: Sandbox, name: str, arguments: Mapping[str, Any], *, timeout_s: float, cap_bytes: int
+    ) -> Observation:
         try:
             if name == "bash":
                 timeout = arguments.get("timeout")
@@ -255,8 +274,8 @@ class ToolSet:
                 extra = {k: v for k, v in arguments.items() if k not in ("command", "path") and v is not None}
                 r = await sandbox.tools.editor(str(arguments["command"]), str(arguments["path"]), **extra)
                 text = str(_field(r, "output", "") or "(no output)")
-            else:  # terminal tools are handled by the loop
-                return Observation(f"Error: {name} cannot be dispatched", is_error=True, kind="unknown_tool")
+            else:
+                raise RaasError(f"tool {name} has no dispatcher", kind="internal")
         except RaasError as e:
             if e.kind in FATAL_KINDS:
                 raise

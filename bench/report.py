@@ -1,0 +1,147 @@
+"""Print the README's benchmark tables (Markdown) from the JSON files under ``bench/results/``.
+
+Usage: ``python bench/report.py`` — the README's Benchmarks section is this script's output.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def _load(name: str) -> Any | None:
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def tools_latency() -> str:
+    rows = _load("tools_latency.json")
+    if not rows:
+        return ""
+    rows = rows if isinstance(rows, list) else rows.get("rows", [])
+    body = []
+    for r in rows:
+        extra = ""
+        if r["kind"] == "start_32":
+            extra = f"all ready {r.get('all_ready_ms', '?')} ms"
+        elif r["kind"] == "start" and "idle_rss_kb" in r:
+            extra = f"idle RSS {r['idle_rss_kb'] / 1024:.1f} MB (PSS {r.get('idle_pss_kb', 0) / 1024:.1f} MB)"
+        body.append([r["backend"], r["kind"], r["p50_ms"], r["p90_ms"], r["p99_ms"], r["n"], extra])
+    machine = rows[0].get("machine", {}) if rows else {}
+    return (
+        "### Tool latency (`python bench/tools_latency.py`)\n\n"
+        "Host API call → Unix socket → tool server in the sandbox → pty bash → back. `start` is sandbox\n"
+        "start-to-ready; `start_32` is 32 sandboxes started at once (per-sandbox latencies; the last one's\n"
+        f"time is 'all ready'). Load average at the start of the run: {machine.get('load_avg_1m', '?')}.\n\n"
+        + _table(["backend", "kind", "p50 ms", "p90 ms", "p99 ms", "n", ""], body)
+    )
+
+
+def templating() -> str:
+    data = _load("templating.json")
+    if not data:
+        return ""
+    picks = {1, 2, 5, 10, 20, 30, 40, 50}
+    body = [[r["turn"], r["us_per_turn"], r.get("us_full_render", "")] for r in data["rows"] if r["turn"] in picks]
+    return (
+        "### Templating cost per turn (`python bench/llm_templating.py`)\n\n"
+        "CPU time to append one turn (tool result + generation prompt) at a given history length, vs a full\n"
+        "re-render of the whole conversation (what append-only templating avoids).\n\n"
+        + _table(["turn", "µs per turn (append-only)", "µs full re-render"], body)
+    )
+
+
+def prefix_cache() -> str:
+    data = _load("prefix_cache.json")
+    if not data:
+        return ""
+    body = [
+        [name, data[name]["hit_rate"], data[name]["best_possible_hit_rate"], data[name]["wall_s"]]
+        for name in ("sticky", "round_robin")
+        if name in data
+    ]
+    return (
+        "### Prefix-cache hits, sticky vs round robin (`python bench/llm_prefix_cache.py`)\n\n"
+        f"Two real llama-server instances, {data.get('trajectories')} trajectories x {data.get('turns')} "
+        "turns; hit rate = cached prompt tokens / prompt tokens after each trajectory's first turn "
+        "(llama.cpp's `cache_n`).\n\n" + _table(["routing", "hit rate", "best possible", "wall s"], body)
+    )
+
+
+def client_overhead() -> str:
+    data = _load("client_overhead.json")
+    if not data:
+        return ""
+    body = [
+        [name, data[name]["median_us"], data[name]["p90_us"]]
+        for name in ("raw", "client", "balancer")
+        if name in data
+    ]
+    return (
+        "### Client overhead (`python bench/llm_client_overhead.py`)\n\n"
+        f"{data.get('requests')} requests of {data.get('output_tokens')} tokens against a local server: a raw "
+        "httpx call vs raas's server client vs the balancer.\n\n" + _table(["path", "median µs", "p90 µs"], body)
+    )
+
+
+def pipeline() -> str:
+    data = _load("pipeline.json")
+    if not data:
+        return ""
+    over = data.get("overhead", {})
+    body = [
+        [
+            name,
+            o.get("rollouts"),
+            o.get("rollouts_per_s"),
+            o.get("added_latency_ms_p50"),
+            o.get("added_latency_ms_p99"),
+            o.get("init_ms_p50"),
+        ]
+        for name, o in over.items()
+    ]
+    dec = data.get("decoupling", {})
+    params = dec.get("params", {})
+    rss = data.get("rss", {})
+    parts = [
+        "### Pipeline (`python bench/pipeline.py`)\n",
+        "Service overhead: a trivial task, an instant test-double LLM; `none` opens no sandbox.\n",
+        _table(
+            ["sandbox", "rollouts", "rollouts/s", "added latency p50 ms", "p99 ms", "INIT (sandbox start) p50 ms"],
+            body,
+        ),
+        "",
+        "Decoupling: a vLLM-protocol test double with a fixed capacity "
+        f"({params.get('capacity')} sequences, {params.get('tokens_per_s')} tok/s each), log-normal INIT/EVAL "
+        f"(medians {params.get('init_median_s')} s / {params.get('eval_median_s')} s, sigma {params.get('sigma')}), "
+        f"{params.get('jobs')} jobs, {params.get('total_workers')} workers in total for both designs.\n",
+        _table(
+            ["design", "LLM utilization", "rollouts/s"],
+            [
+                ["raas (three pools)", data.get("llm_utilization"), data.get("rollouts_per_s")],
+                ["coupled (one pool)", data.get("coupled_llm_utilization"), data.get("coupled_rollouts_per_s")],
+            ],
+        ),
+        "",
+        f"Memory: RSS over {rss.get('rollouts')} trivial rollouts: {rss.get('rss_mb_after_warmup')} MB after "
+        f"warm-up, {rss.get('rss_mb_end')} MB at the end (growth {rss.get('growth_after_warmup_mb')} MB).",
+    ]
+    return "\n".join(parts)
+
+
+def main() -> None:
+    sections = [tools_latency(), templating(), prefix_cache(), client_overhead(), pipeline()]
+    print("\n\n".join(s for s in sections if s))
+
+
+if __name__ == "__main__":
+    main()

@@ -19,7 +19,7 @@ from tests.conftest import SANDBOX_BACKENDS
 
 pytestmark = pytest.mark.integration
 
-# A separate raas process: start a sandbox whose bash leaves a nohup'd process behind, report, then end
+# A separate raas process: start a sandbox whose bash leaves a daemon behind, report, then end
 # as told: "kill" (SIGKILL itself: no cleanup code runs), "exit" (normal exit without closing anything),
 # "wait" (block until stdin closes, then exit normally).
 CHILD = r"""
@@ -30,7 +30,9 @@ async def main():
     state, config, mode = sys.argv[1], SandboxConfig.model_validate_json(sys.argv[2]), sys.argv[3]
     m = SandboxManager(state)
     sb = await m.start(config, owner="child")
-    await sb.tools.bash("nohup sleep 300 >/dev/null 2>&1 &")
+    # A daemon in its own session (no SIGHUP when the pty goes); the FIFO read returns once it is set up.
+    await sb.tools.bash("mkfifo up && (setsid sh -c 'echo up > up; exec sleep 300' </dev/null >/dev/null 2>&1 &)"
+                        " && cat up && rm up")
     print(json.dumps({"id": sb.id, "scratch": str(sb.scratch), "pid": sb.pid}), flush=True)
     if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -69,7 +71,7 @@ async def test_crashed_run_is_reaped(tmp_path: Path, sandbox_config: SandboxConf
     assert (state / "records" / f"{sid}.json").exists()
     assert exists(info["scratch"])
     if backend == "local":
-        # No namespace dies with the crashed run here: the nohup'd process is still around to reap.
+        # No namespace dies with the crashed run here: the daemon is still around to reap.
         assert sbprocs.pids_with_env(sid) != []
     manager = SandboxManager(state)
     reaped = await manager.reap_stale()

@@ -57,6 +57,7 @@ async def test_tool_then_finish_is_token_exact(tokenizer: ChatTokenizer, sandbox
         )
     assert out.finish_reason == "finish_tool"
     assert out.answer == "42"
+    assert out.artifacts["tools"] == TOOLS.schemas  # what the policy was shown, for the trainer
     assert [t.output_ids for t in out.turns] == [c.token_ids for c in script]
     assert [t.logprobs for t in out.turns] == [c.logprobs for c in script]
     assert all(t.server == server.url for t in out.turns)

@@ -9,6 +9,7 @@ it checks after every step that the conversation's own token view equals that li
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from dataclasses import dataclass, field
@@ -262,7 +263,8 @@ async def run_agent(
 
     st.metrics["turns"] = float(len(st.turns))
     st.metrics["run_agent_s"] = time.monotonic() - started
-    artifacts: dict[str, Any] = {}
+    # The tool schemas the policy was shown, so a trainer can re-render the same prompt (ProRL's ``tools``).
+    artifacts: dict[str, Any] = {"tools": copy.deepcopy(tools.schemas)}
     if st.unseen:
         artifacts["unseen_observations"] = [m.model_dump(exclude_none=True) for m in st.unseen]
     return RunOutput(

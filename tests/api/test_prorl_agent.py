@@ -2,7 +2,8 @@
 protocol) through the real balancer, the real SmolLM2 chat tokenizer and a real local sandbox.
 
 Checks the fields a ProRL trainer reads from the agent itself: ``tools`` (the schemas the policy was shown,
-which the trainer needs to re-render the prompt).
+which the trainer needs to re-render the prompt) and ``sampling_params.max_iterations`` (ProRL's name for
+the turn limit).
 """
 
 from __future__ import annotations
@@ -62,3 +63,31 @@ async def test_process_reports_the_tool_schemas_the_policy_was_shown(
     # They are the schemas rendered into the prompt (SmolLM2's template gets them as a Hermes block).
     for schema in want:
         assert f'"name": "{schema["function"]["name"]}"' in first_prompt
+
+
+@pytest.mark.parametrize(
+    ("sampling_params", "turns"),
+    [
+        ({}, 3),  # the service's own limit (4) lets the script run to its finish call
+        ({"max_iterations": 1}, 1),  # ProRL's name for the turn limit
+        ({"max_iterations": 1, "max_turns": 2}, 2),  # raas's own name wins when both are sent
+    ],
+)
+async def test_max_iterations_limits_the_agent_turns(
+    make_api: APIFactory, tokenizer: ChatTokenizer, sampling_params: dict[str, Any], turns: int
+) -> None:
+    api = await make_api(tokenizer_dir=prepare_tokenizer(), agent=AgentConfig(max_turns=4))
+    texts = [
+        tool_call("bash", command="echo 6"),
+        tool_call("bash", command="echo 7"),
+        tool_call("finish", answer="42"),
+    ]
+    async with ScriptedLLM(replay(completions(tokenizer, texts))) as llm:
+        res = await _process(api, llm, {"temperature": 1.0, **sampling_params})
+        requests = len(llm.requests)
+    assert requests == turns
+    assert len(res["turns"]) == turns
+    finished = turns == 3
+    assert res["artifacts"]["finish_reason"] == ("finish_tool" if finished else "max_turns")
+    assert res["finish"] is finished
+    assert res["reward"] == (1.0 if finished else 0.0)

@@ -290,9 +290,12 @@ async def test_graceful_shutdown(make_service: ServiceFactory, tmp_path: object)
     assert (await again.result(retry)).status == "cancelled"  # type: ignore[union-attr]
 
 
-async def test_agent_overrides_in_sampling_params_are_validated(make_service: ServiceFactory) -> None:
+@pytest.mark.parametrize("name", ["max_turns", "max_iterations"])
+async def test_agent_overrides_in_sampling_params_are_validated(
+    make_service: ServiceFactory, name: str
+) -> None:
     svc = await make_service()
-    job_id = await submit(svc, script(), sampling_params={"max_turns": 0, "temperature": 0.7})
+    job_id = await submit(svc, script(), sampling_params={name: 0, "temperature": 0.7})
     result = await svc.wait(job_id, 30)
     assert result is not None and result.status == "failed"
     assert result.error is not None and (result.error.stage, result.error.kind) == ("run", "bad_request")

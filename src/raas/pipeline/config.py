@@ -13,6 +13,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from raas.agent.config import AgentConfig
 from raas.errors import RaasError
 
+AGENT_ALIASES: dict[str, str] = {"max_iterations": "max_turns"}
+"""Other clients' names for :class:`AgentConfig` fields in ``sampling_params`` (ProRL's turn limit is
+``max_iterations``). The field's own name wins when a job sends both."""
+
+
+def agent_overrides(sampling_params: dict[str, Any]) -> dict[str, Any]:
+    """The :class:`AgentConfig` settings a job's ``sampling_params`` carry, aliases resolved."""
+    overrides = {k: v for k, v in sampling_params.items() if k in AgentConfig.model_fields}
+    for alias, name in AGENT_ALIASES.items():
+        if alias in sampling_params and name not in overrides:
+            overrides[name] = sampling_params[alias]
+    return overrides
+
 
 def _default_home() -> Path:
     return Path(os.environ.get("RAAS_HOME") or Path.home() / ".cache" / "raas")

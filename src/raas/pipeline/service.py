@@ -31,7 +31,7 @@ from raas.agent.config import AgentConfig
 from raas.agent.trajectory import EvalOutput, RunOutput, TokenTrajectory
 from raas.errors import RaasError
 from raas.pipeline import metrics
-from raas.pipeline.config import ServiceConfig
+from raas.pipeline.config import ServiceConfig, agent_overrides
 from raas.pipeline.events import EventBus, Subscription
 from raas.pipeline.jobs import (
     QUEUED_FOR,
@@ -727,7 +727,7 @@ class RolloutService:
 
     def _llm_context(self, a: _Active) -> LLMContext:
         agent = self.config.agent
-        overrides = {k: v for k, v in a.job.sampling_params.items() if k in AgentConfig.model_fields}
+        overrides = agent_overrides(a.job.sampling_params)
         if overrides:
             try:
                 agent = AgentConfig.model_validate({**agent.model_dump(), **overrides})

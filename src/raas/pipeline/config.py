@@ -55,6 +55,9 @@ class ServiceConfig(BaseModel):
     )
     llm_servers: list[str] = Field(default_factory=list, description="Inference server URLs to start with")
     tokenizer_dir: Path | None = Field(None, description="Chat tokenizer dir for the policy model")
+    llm_health_interval_s: float = Field(
+        5.0, ge=0, description="Probe inference servers this often, so unhealthy ones come back (0 = never)"
+    )
     agent: AgentConfig = Field(default_factory=AgentConfig)
 
     init_workers: int = Field(4, ge=1, le=4096)

@@ -185,6 +185,15 @@ class RolloutService:
         if self._started:
             return
         self._started = True
+        try:
+            await self._start()
+        except BaseException:
+            # Whatever did start (ledger writer, balancer health task and client) must not outlive a
+            # failed start: nobody will call shutdown on a service that never came up.
+            await self.shutdown(0)
+            raise
+
+    async def _start(self) -> None:
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
         await self.ledger.open()
         self._register_extra_handlers()
@@ -248,7 +257,9 @@ class RolloutService:
             try:
                 from raas.llm import LLMBalancer  # type: ignore[attr-defined]
 
-                self.balancer = LLMBalancer()
+                # Health checks run for the service's lifetime: a server marked unhealthy after a failed
+                # request comes back once it answers again. ``shutdown`` stops them and closes the client.
+                self.balancer = LLMBalancer(health_interval_s=self.config.llm_health_interval_s)
                 self.balancer.start_health_checks()
             except ImportError as exc:
                 log.warning("LLM layer unavailable: %s", exc)

@@ -99,6 +99,18 @@ async def test_network_off_and_on(sandbox_manager: SandboxManager, sandbox_confi
         await server.wait_closed()
 
 
+@pytest.mark.parametrize("backend", ["apptainer"])
+async def test_apptainer_root_writes_on_host(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a rootless fake root cannot write image dirs owned by the real root (the shared test "
+                    "image); images unpacked by the user themselves are writable")
+    cfg = sandbox_config.model_copy(update={"root_writes": "host"})
+    async with sandbox_manager.sandbox(cfg, owner="t") as sb:
+        r = await sb.tools.bash("head -c 3000000 /dev/zero > /opt/big && echo $?")
+        assert r.output.strip() == "0"
+        assert (sb.overlay_dir / "upper" / "opt" / "big").stat().st_size == 3000000  # on disk, not RAM
+
+
 @ALL
 async def test_command_timeout_from_config(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
     cfg = sandbox_config.model_copy(update={"command_timeout_s": 1.0})

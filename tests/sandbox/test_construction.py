@@ -232,3 +232,16 @@ def test_image_sources(tmp_path: Path) -> None:
     assert "--fakeroot" not in conversion_command("apptainer", "docker://x", tmp_path / "d", as_root=True)
     assert "--fakeroot" in conversion_command("apptainer", "docker://x", tmp_path / "d", as_root=True,
                                               root_has_subuid=True)
+
+
+def test_root_writes_on_host(tmp_path: Path) -> None:
+    app = make(ApptainerSandbox, tmp_path, backend="apptainer", image="/img", root_writes="host")
+    app.as_root = False
+    argv = app.build_launch().argv
+    assert flag_pairs(argv, "--overlay") == [str(app.overlay_dir)] and "--writable-tmpfs" not in argv
+    bw = make(BwrapSandbox, tmp_path, backend="bwrap", image="/img", root_writes="host")
+    bw.overlay = True
+    argv = bw.build_launch().argv
+    i = argv.index("--overlay")
+    assert argv[i + 1 : i + 4] == [str(bw.overlay_dir / "upper"), str(bw.overlay_dir / "work"), "/"]
+    assert "--tmp-overlay" not in argv

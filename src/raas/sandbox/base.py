@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -58,6 +58,8 @@ class SandboxConfig(BaseModel):
     max_procs: int | None = None
     start_timeout_s: float = 60.0
     python: str = "python3"
+    root_writes: Literal["tmpfs", "host"] = Field(
+        default="tmpfs", description="where writes to the image's root go: RAM, or a host dir under the scratch dir")
     extra_args: list[str] = Field(default_factory=list, description="extra runtime flags, backend-specific")
 
     @field_validator("binds")
@@ -182,6 +184,11 @@ class Sandbox(ABC):
     @property
     def socket_path(self) -> Path:
         return self.run_dir / SOCKET_NAME
+
+    @property
+    def overlay_dir(self) -> Path:
+        """Host dir that receives writes to the image's root when ``root_writes="host"``."""
+        return self.scratch / "overlay"
 
     @property
     def log_path(self) -> Path:

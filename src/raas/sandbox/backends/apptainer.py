@@ -1,7 +1,8 @@
 """The ``apptainer`` backend (alias ``singularity``): rootless containers as HPC clusters run them.
 
 ``apptainer exec --containall --no-home --writable-tmpfs`` (PID/IPC namespaces, clean env, a
-throw-away writable layer), ``--net --network none`` unless ``config.network``. The user namespace:
+throw-away writable layer in RAM; ``root_writes="host"`` puts it in ``--overlay <scratch>/overlay`` on disk
+instead, for tasks that install a lot), ``--net --network none`` unless ``config.network``. The user namespace:
 as an unprivileged user ``--fakeroot`` (uid 0 inside; needs /etc/subuid) when ``config.fakeroot``;
 as root ``--userns`` (root inside anyway; without it apptainer asks for capabilities that many VMs
 withhold). The image is an unpacked directory: SIF files and docker/OCI sources are converted once
@@ -34,11 +35,17 @@ class ApptainerSandbox(Sandbox):
         self.exe = apptainer_binary()
         self.rootfs = ensure_sandbox_dir(self.config.image)
         ensure_mount_points(self.rootfs, [INNER_LIB, INNER_RUN, self.config.workdir])
+        if self.config.root_writes == "host":
+            self.overlay_dir.mkdir(parents=True, exist_ok=True)
 
     def build_launch(self) -> LaunchSpec:
         cfg = self.config
         as_root = os.geteuid() == 0 if self.as_root is None else self.as_root
-        argv = [self.exe or "apptainer", "-s", "exec", "--containall", "--no-home", "--writable-tmpfs"]
+        argv = [self.exe or "apptainer", "-s", "exec", "--containall", "--no-home"]
+        if cfg.root_writes == "host":
+            argv += ["--overlay", str(self.overlay_dir)]  # writes land on disk, not in RAM
+        else:
+            argv.append("--writable-tmpfs")
         if not cfg.network:
             argv += ["--net", "--network", "none"]
         if as_root:

@@ -8,7 +8,8 @@
   (``--overlay-src IMAGE --tmp-overlay /``), so everything is writable and changes vanish at close.
   Older bwrap (0.8 on Debian 12) has no overlay; the fallback is the image bound read-only plus
   writable places: the workspace (a host dir), and tmpfs on /tmp, /root, /run, /var/tmp. Installing
-  packages inside then fails with a read-only error; use an image that has them.
+  packages inside then fails with a read-only error; use an image that has them. With overlay support,
+  ``root_writes="host"`` backs the upper layer by ``<scratch>/overlay`` on disk instead of RAM.
 * The tool-server bundle is bound read-only at ``/.raas/lib``, the run dir (socket) at ``/.raas/run``.
 """
 
@@ -82,6 +83,9 @@ class BwrapSandbox(Sandbox):
         self.rootfs = ensure_sandbox_dir(self.config.image)
         if not self.overlay:
             ensure_mount_points(self.rootfs, [INNER_LIB, INNER_RUN, self.config.workdir])
+        elif self.config.root_writes == "host":
+            for d in ("upper", "work"):
+                (self.overlay_dir / d).mkdir(parents=True, exist_ok=True)
 
     def build_launch(self) -> LaunchSpec:
         cfg = self.config
@@ -91,7 +95,10 @@ class BwrapSandbox(Sandbox):
         if cfg.network:
             argv.append("--share-net")
         argv += ["--die-with-parent", "--new-session", "--uid", "0", "--gid", "0", "--hostname", "raas"]
-        if self.overlay:
+        if self.overlay and cfg.root_writes == "host":
+            upper, work = self.overlay_dir / "upper", self.overlay_dir / "work"
+            argv += ["--overlay-src", rootfs, "--overlay", str(upper), str(work), "/"]
+        elif self.overlay:
             argv += ["--overlay-src", rootfs, "--tmp-overlay", "/"]
         else:
             argv += ["--ro-bind", rootfs, "/"]

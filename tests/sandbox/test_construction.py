@@ -1,4 +1,4 @@
-"""Command construction per backend, config validation, limits and image helpers (no runtime needed)."""
+"""Command construction per backend, config validation, limits and image functions (no runtime needed)."""
 
 from __future__ import annotations
 

@@ -103,6 +103,22 @@ def _quiet_uvicorn(app_: Any, **options: Any) -> Any:
     return Server(uvicorn.Config(app_, **settings))
 
 
+def listen_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A bound TCP socket for uvicorn to serve on.
+
+    The protocol must be given as ``IPPROTO_TCP``: asyncio sets ``TCP_NODELAY`` on accepted connections
+    only when the listening socket says it is TCP, and without it every small response waits for the
+    client's delayed ACK (about 40 ms per HTTP call)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 @contextlib.asynccontextmanager
 async def service_in_process(config: Any, **layers: Any) -> AsyncIterator[str]:
     """Run the rollout service and its HTTP API on a free local port; yields the base URL.
@@ -113,10 +129,9 @@ async def service_in_process(config: Any, **layers: Any) -> AsyncIterator[str]:
 
     service = RolloutService(config, **layers)
     await service.start()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock: socket.socket | None = None
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
+        sock = listen_socket()
         port = sock.getsockname()[1]
         server = _quiet_uvicorn(create_app(service))
         task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -128,11 +143,14 @@ async def service_in_process(config: Any, **layers: Any) -> AsyncIterator[str]:
                 await asyncio.sleep(0.02)
             yield f"http://127.0.0.1:{port}"
         finally:
+            # End the event streams first: an open SSE connection would hold uvicorn's graceful stop.
+            service.bus.close()
             server.should_exit = True
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(task, 15)
     finally:
-        sock.close()
+        if sock is not None:
+            sock.close()
         await service.shutdown()
 
 
@@ -548,24 +566,39 @@ def serve(
 
 
 async def _serve(cfg: Any) -> None:
-    """Serve until SIGINT/SIGTERM, then drain: uvicorn stops, the app's lifespan shuts the service down."""
-    import uvicorn
-
-    from raas.api.app import create_app
+    """Serve until SIGINT/SIGTERM, then drain: :func:`raas.api.serve` stops uvicorn (ending event streams
+    at once) and the app's lifespan shuts the service down."""
+    from raas.api import serve
     from raas.pipeline.service import RolloutService
 
     service = RolloutService(cfg)
-    server = _quiet_uvicorn(create_app(service), host=cfg.host, port=cfg.port, log_level="info")
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
-    console.print(f"raas serving on http://{cfg.host}:{cfg.port}")
+    console.print(f"raas: serving on http://{cfg.host}:{cfg.port}")
     try:
-        await server.serve()
+        with _stop_signals_end_cleanly():
+            await serve(service, host=cfg.host, port=cfg.port, log_level="info")
+    except SystemExit as exc:  # uvicorn exits when it cannot bind or the service cannot start
+        raise RaasError(
+            f"could not serve on {cfg.host}:{cfg.port} (exit {exc.code}; see the log above)",
+            kind="unavailable",
+        ) from None
     finally:
-        await service.shutdown()
-    if not isinstance(server, uvicorn.Server) or not server.started:
-        raise RaasError(f"could not serve on {cfg.host}:{cfg.port} (see the log above)", kind="unavailable")
+        await service.shutdown()  # a no-op after a normal stop; closes what a failed start left
+
+
+@contextlib.contextmanager
+def _stop_signals_end_cleanly() -> Iterator[None]:
+    """Let a SIGINT/SIGTERM that stopped the server end ``raas serve`` with status 0.
+
+    uvicorn handles the stop signal itself and, once it has shut down, raises it again against the
+    handler that was installed before it started; with the default handlers that would kill the process
+    (or raise KeyboardInterrupt) after a clean drain. A no-op handler installed here absorbs it."""
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda _sig, _frame: None) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @app.command()

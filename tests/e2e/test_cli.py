@@ -296,3 +296,126 @@ async def test_status_command(running_service: str) -> None:
     )
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 1 and b"unavailable" in err
+
+
+async def _first_line(lines: AsyncIterator[str]) -> str:
+    async for line in lines:
+        if line:
+            return line
+    raise AssertionError("the event stream ended before its first line")
+
+
+async def _rest(lines: AsyncIterator[str]) -> list[str]:
+    """The non-empty lines up to the end of the stream (a stream cut mid-response raises instead; one
+    that never ends is caught by the caller's bound, its keep-alives would keep any read timeout busy)."""
+    return [line async for line in lines if line and not line.startswith(": keep-alive")]
+
+
+async def test_in_process_service_ends_event_streams_when_it_stops(tmp_path: Path) -> None:
+    """An open ``/v1/events`` stream ends cleanly when ``raas run``'s in-process service stops, instead of
+    holding the server's stop until it is cut off."""
+    import asyncio
+
+    import httpx
+
+    config = ServiceConfig(state_dir=tmp_path / "svc", sandbox={"backend": "local"}, shutdown_grace_s=0.0)
+    async with httpx.AsyncClient(timeout=60) as http:
+        async with service_in_process(config) as url:
+            response = await http.send(http.build_request("GET", url + "/v1/events"), stream=True)
+            assert response.status_code == 200
+            lines = response.aiter_lines()
+            assert await _first_line(lines) == ": connected"
+        rest = await asyncio.wait_for(_rest(lines), 60)
+        await response.aclose()
+    assert rest == []
+
+
+async def test_serve_sigterm_ends_open_event_streams_and_exits_0(tmp_path: Path) -> None:
+    """``raas serve`` runs through ``raas.api.serve``: SIGTERM ends open event streams cleanly, the service
+    drains, and the command exits 0 (not killed by the re-raised signal)."""
+    import asyncio
+
+    import httpx
+
+    from raas.llm.embedded import free_port
+
+    port = free_port()
+    mark = uuid.uuid4().hex
+    env = marked_env(mark)
+    env["RAAS_HOME"] = str(tmp_path / "home")
+    cfg = tmp_path / "svc.json"
+    cfg.write_text(json.dumps({"shutdown_grace_s": 0}))
+    proc = await asyncio.create_subprocess_exec(
+        *RAAS,
+        "serve",
+        "--config",
+        str(cfg),
+        "--port",
+        str(port),
+        "--sandbox",
+        "local",
+        "--tokenizer",
+        str(prepare_tokenizer()),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+
+            async def healthy() -> None:
+                while proc.returncode is None:
+                    try:
+                        if (await http.get("/healthz", timeout=1)).status_code == 200:
+                            return
+                    except httpx.HTTPError:
+                        await asyncio.sleep(0.2)
+                raise AssertionError("raas serve exited before it was healthy")
+
+            await asyncio.wait_for(healthy(), 60)
+            async with http.stream("GET", "/v1/events") as response:
+                assert response.status_code == 200
+                lines = response.aiter_lines()
+                assert await _first_line(lines) == ": connected"
+                proc.send_signal(signal.SIGTERM)
+                rest = await asyncio.wait_for(_rest(lines), 60)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert rest == []
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert wait_gone(mark) == []
+
+
+def test_serve_on_a_busy_port_fails_with_a_message(tmp_path: Path) -> None:
+    import socket
+
+    mark = uuid.uuid4().hex
+    env = marked_env(mark)
+    env["RAAS_HOME"] = str(tmp_path / "home")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run(
+            [
+                *RAAS,
+                "serve",
+                "--port",
+                str(port),
+                "--sandbox",
+                "local",
+                "--tokenizer",
+                str(prepare_tokenizer()),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert f"could not serve on 127.0.0.1:{port}" in " ".join(proc.stderr.split())
+    assert "Traceback" not in proc.stderr
+    assert wait_gone(mark) == []

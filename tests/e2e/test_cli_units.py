@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
 
-from raas.cli import choose_sandbox, make_jobs, summarize
+from raas.cli import choose_sandbox, listen_socket, make_jobs, summarize
 from raas.pipeline.jobs import JobRequest
 
 pytestmark = pytest.mark.unit
@@ -63,3 +65,33 @@ def test_choose_sandbox(test_image: Path) -> None:
         {"backend": "bwrap", "image": str(test_image)} if shutil.which("bwrap") else {"backend": "local"}
     )
     assert choose_sandbox("auto", None) == expected
+
+
+async def _nodelay_of_accepted(sock: socket.socket) -> int:
+    """TCP_NODELAY of the server side of one connection asyncio accepts on ``sock``."""
+    accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = writer.get_extra_info("socket")
+        accepted.set_result(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        writer.close()
+        await writer.wait_closed()
+
+    server = await asyncio.start_server(on_connect, sock=sock)
+    try:
+        _, writer = await asyncio.open_connection(*sock.getsockname())
+        value = await asyncio.wait_for(accepted, 30)
+        writer.close()
+        await writer.wait_closed()
+    finally:
+        server.close()
+        await server.wait_closed()
+    return value
+
+
+async def test_the_in_process_service_socket_gets_tcp_nodelay_connections() -> None:
+    """asyncio turns Nagle off only on connections of a listening socket created as IPPROTO_TCP."""
+    assert await _nodelay_of_accepted(listen_socket()) != 0
+    plain = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # what the service used to bind
+    plain.bind(("127.0.0.1", 0))
+    assert await _nodelay_of_accepted(plain) == 0  # the check above can tell the difference

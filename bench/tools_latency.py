@@ -55,8 +55,9 @@ def idle_memory_kb(sb: Sandbox) -> dict[str, int]:
     return {"idle_pss_kb": pss, "idle_rss_kb": rss}
 
 
-async def bench_backend(manager: SandboxManager, config: SandboxConfig, n: int, n_start: int,
-                        concurrent: int) -> list[dict[str, Any]]:
+async def bench_backend(
+    manager: SandboxManager, config: SandboxConfig, n: int, n_start: int, concurrent: int
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     backend = config.backend
     async with manager.sandbox(config, owner="bench") as sb:
@@ -92,8 +93,15 @@ async def bench_backend(manager: SandboxManager, config: SandboxConfig, n: int, 
     sbs = await asyncio.gather(*(one(t0) for _ in range(concurrent)))
     all_ready = time.perf_counter() - t0
     await asyncio.gather(*(s.close() for s in sbs))
-    rows.append({"backend": backend, "kind": f"start_{concurrent}", **percentiles(ready), "n": concurrent,
-                 "all_ready_ms": round(all_ready * 1000, 3)})
+    rows.append(
+        {
+            "backend": backend,
+            "kind": f"start_{concurrent}",
+            **percentiles(ready),
+            "n": concurrent,
+            "all_ready_ms": round(all_ready * 1000, 3),
+        }
+    )
     return rows
 
 
@@ -122,14 +130,20 @@ async def main() -> None:
         manager = SandboxManager(state)
         try:
             for backend in args.backends.split(","):
-                config = SandboxConfig(backend=backend, image=None if backend == "local" else image,
-                                       start_timeout_s=300)
+                config = SandboxConfig(
+                    backend=backend, image=None if backend == "local" else image, start_timeout_s=300
+                )
                 rows += await bench_backend(manager, config, args.n, args.n_start, args.concurrent)
                 print(json.dumps(rows[-6:]), file=sys.stderr, flush=True)
         finally:
             await manager.close_all()
-    meta = {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
-            "load_avg_1m_before": round(load_before, 2), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    meta = {
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "load_avg_1m_before": round(load_before, 2),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     for row in rows:
         row["machine"] = meta
     write_json(Path(args.out), rows)

@@ -19,7 +19,9 @@ from raas.sandbox import SandboxConfig, SandboxManager
 from raas.sandbox import procs as sbprocs
 from raas.sandbox.images import ImageSpec, build_rootfs, rootfs_path
 
-TEST_IMAGE_SPEC = ImageSpec(suite="bookworm", packages=("python3", "python3-ipykernel", "python3-jupyter-client"))
+TEST_IMAGE_SPEC = ImageSpec(
+    suite="bookworm", packages=("python3", "python3-ipykernel", "python3-jupyter-client")
+)
 SANDBOX_BACKENDS = ("local", "bwrap", "apptainer")
 
 
@@ -30,7 +32,9 @@ def test_image() -> Path:
     if (path / "usr").is_dir():
         return path
     if os.geteuid() != 0 or shutil.which("debootstrap") is None:
-        pytest.skip(f"test image {path} is not built and this user cannot build it (needs root + debootstrap)")
+        pytest.skip(
+            f"test image {path} is not built and this user cannot build it (needs root + debootstrap)"
+        )
     return build_rootfs(TEST_IMAGE_SPEC)
 
 
@@ -56,8 +60,9 @@ def backend_available() -> dict[str, str | None]:
 
 
 @pytest.fixture
-def sandbox_config(request: pytest.FixtureRequest, backend: str,
-                   backend_available: dict[str, str | None]) -> SandboxConfig:
+def sandbox_config(
+    request: pytest.FixtureRequest, backend: str, backend_available: dict[str, str | None]
+) -> SandboxConfig:
     """A config for the test's ``backend`` parameter (skips, with the reason, where it cannot run)."""
     reason = backend_available.get(backend, f"unknown backend {backend}")
     if reason:
@@ -71,7 +76,9 @@ def leftovers(manager: SandboxManager) -> dict[str, object]:
     ids = set(manager.started_ids)
     tagged = {pid: v for pid, v in sbprocs.pids_with_env_prefix("sb-").items() if v in ids}
     records = sorted(p.name for p in manager.records_dir.glob("*.json"))
-    scratch = sorted(p.name for p in manager.scratch_root.glob("sb-*")) if manager.scratch_root.exists() else []
+    scratch = (
+        sorted(p.name for p in manager.scratch_root.glob("sb-*")) if manager.scratch_root.exists() else []
+    )
     return {k: v for k, v in {"processes": tagged, "records": records, "scratch": scratch}.items() if v}
 
 

@@ -23,7 +23,9 @@ ISOLATED = pytest.mark.parametrize("backend", [b for b in SANDBOX_BACKENDS if b 
 
 
 @ALL
-async def test_bash_session_state_and_workspace(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+async def test_bash_session_state_and_workspace(
+    sandbox_manager: SandboxManager, sandbox_config: SandboxConfig
+) -> None:
     async with sandbox_manager.sandbox(sandbox_config, owner="t") as sb:
         assert sb.alive and sb.server_info.sandbox_id == sb.id
         r = await sb.tools.bash("echo hello")
@@ -69,8 +71,9 @@ async def test_ipython_editor_files(sandbox_manager: SandboxManager, sandbox_con
 
 
 @ISOLATED
-async def test_network_off_and_on(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig,
-                                  backend: str) -> None:
+async def test_network_off_and_on(
+    sandbox_manager: SandboxManager, sandbox_config: SandboxConfig, backend: str
+) -> None:
     hits = 0
 
     async def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -80,14 +83,17 @@ async def test_network_off_and_on(sandbox_manager: SandboxManager, sandbox_confi
 
     server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    probe = (f"python3 -c \"import socket; s=socket.socket(); s.settimeout(5); "
-             f"s.connect(('127.0.0.1', {port})); print('CONNECTED')\"")
+    probe = (
+        f'python3 -c "import socket; s=socket.socket(); s.settimeout(5); '
+        f"s.connect(('127.0.0.1', {port})); print('CONNECTED')\""
+    )
     try:
         async with sandbox_manager.sandbox(sandbox_config, owner="t") as sb:
             r = await sb.tools.bash(probe)
             assert "CONNECTED" not in r.output and r.exit_code != 0
-            r = await sb.tools.bash("python3 -c \"import socket; s=socket.socket(); s.settimeout(5); "
-                                    "s.connect(('1.1.1.1', 53))\"")
+            r = await sb.tools.bash(
+                "python3 -c \"import socket; s=socket.socket(); s.settimeout(5); s.connect(('1.1.1.1', 53))\""
+            )
             assert r.exit_code != 0 and ("unreachable" in r.output.lower() or "refused" in r.output.lower())
         on = sandbox_config.model_copy(update={"network": True})
         async with sandbox_manager.sandbox(on, owner="t") as sb:
@@ -100,10 +106,14 @@ async def test_network_off_and_on(sandbox_manager: SandboxManager, sandbox_confi
 
 
 @pytest.mark.parametrize("backend", ["apptainer"])
-async def test_apptainer_root_writes_on_host(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+async def test_apptainer_root_writes_on_host(
+    sandbox_manager: SandboxManager, sandbox_config: SandboxConfig
+) -> None:
     if os.geteuid() != 0:
-        pytest.skip("a rootless fake root cannot write image dirs owned by the real root (the shared test "
-                    "image); images unpacked by the user themselves are writable")
+        pytest.skip(
+            "a rootless fake root cannot write image dirs owned by the real root (the shared test "
+            "image); images unpacked by the user themselves are writable"
+        )
     cfg = sandbox_config.model_copy(update={"root_writes": "host"})
     async with sandbox_manager.sandbox(cfg, owner="t") as sb:
         r = await sb.tools.bash("head -c 3000000 /dev/zero > /opt/big && echo $?")
@@ -112,7 +122,9 @@ async def test_apptainer_root_writes_on_host(sandbox_manager: SandboxManager, sa
 
 
 @ALL
-async def test_command_timeout_from_config(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+async def test_command_timeout_from_config(
+    sandbox_manager: SandboxManager, sandbox_config: SandboxConfig
+) -> None:
     cfg = sandbox_config.model_copy(update={"command_timeout_s": 1.0})
     async with sandbox_manager.sandbox(cfg, owner="t") as sb:
         r = await sb.tools.bash("echo start; sleep 60")
@@ -166,7 +178,9 @@ async def test_sandbox_death_is_typed(sandbox_manager: SandboxManager, sandbox_c
 
 
 @ALL
-async def test_server_killed_from_inside(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+async def test_server_killed_from_inside(
+    sandbox_manager: SandboxManager, sandbox_config: SandboxConfig
+) -> None:
     async with sandbox_manager.sandbox(sandbox_config, owner="t") as sb:
         with pytest.raises(RaasError) as e:
             await sb.tools.bash("kill -9 $PPID; sleep 30")
@@ -177,8 +191,9 @@ async def test_server_killed_from_inside(sandbox_manager: SandboxManager, sandbo
 
 @ALL
 @pytest.mark.parametrize("delay", [0.0, 0.02, 0.1])
-async def test_cancel_during_start_leaves_nothing(sandbox_manager: SandboxManager,
-                                                  sandbox_config: SandboxConfig, delay: float) -> None:
+async def test_cancel_during_start_leaves_nothing(
+    sandbox_manager: SandboxManager, sandbox_config: SandboxConfig, delay: float
+) -> None:
     task = asyncio.create_task(sandbox_manager.start(sandbox_config, owner="t"))
     await asyncio.sleep(delay)
     task.cancel()
@@ -192,7 +207,9 @@ async def test_cancel_during_start_leaves_nothing(sandbox_manager: SandboxManage
 
 
 @ALL
-async def test_cancel_during_command_closes(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+async def test_cancel_during_command_closes(
+    sandbox_manager: SandboxManager, sandbox_config: SandboxConfig
+) -> None:
     started = asyncio.Event()
 
     async def job() -> None:
@@ -234,8 +251,9 @@ async def test_close_owner_and_lease(sandbox_manager: SandboxManager, sandbox_co
 
 
 @ISOLATED
-async def test_bad_images_are_typed_errors(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig,
-                                           tmp_path_factory: pytest.TempPathFactory) -> None:
+async def test_bad_images_are_typed_errors(
+    sandbox_manager: SandboxManager, sandbox_config: SandboxConfig, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     missing = sandbox_config.model_copy(update={"image": "/nonexistent/rootfs"})
     with pytest.raises(RaasError) as e:
         await sandbox_manager.start(missing, owner="t")
@@ -251,17 +269,25 @@ async def test_bad_images_are_typed_errors(sandbox_manager: SandboxManager, sand
 
 
 @ALL
-async def test_start_timeout_is_typed(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig,
-                                      backend: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+async def test_start_timeout_is_typed(
+    sandbox_manager: SandboxManager,
+    sandbox_config: SandboxConfig,
+    backend: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     # Test double of a tool server that hangs before it is ready: a module of the same name that sleeps.
     hung = tmp_path_factory.mktemp("hung-server")
     (hung / "raas_toolserver.py").write_text("import time\ntime.sleep(600)\n")
     hung.chmod(0o755)
     (hung / "raas_toolserver.py").chmod(0o644)
     inner = str(hung) if backend == "local" else "/tmp/hung"
-    cfg = sandbox_config.model_copy(update={
-        "start_timeout_s": 1.0, "env": {"PYTHONPATH": inner},
-        "binds": [] if backend == "local" else [f"{hung}:{inner}:ro"]})
+    cfg = sandbox_config.model_copy(
+        update={
+            "start_timeout_s": 1.0,
+            "env": {"PYTHONPATH": inner},
+            "binds": [] if backend == "local" else [f"{hung}:{inner}:ro"],
+        }
+    )
     with pytest.raises(RaasError) as e:
         await sandbox_manager.start(cfg, owner="t")
     assert e.value.kind == "sandbox_start_failed" and "not ready after" in e.value.message
@@ -270,9 +296,13 @@ async def test_start_timeout_is_typed(sandbox_manager: SandboxManager, sandbox_c
 
 async def test_docker_when_an_engine_answers(sandbox_manager: SandboxManager) -> None:
     """Runs only where a Docker engine answers (CI has none); RAAS_TEST_DOCKER_IMAGE needs python3."""
-    probe = await asyncio.create_subprocess_exec("docker", "info", stdout=asyncio.subprocess.DEVNULL,
-                                                 stderr=asyncio.subprocess.DEVNULL) \
-        if shutil.which("docker") else None
+    probe = (
+        await asyncio.create_subprocess_exec(
+            "docker", "info", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+        )
+        if shutil.which("docker")
+        else None
+    )
     if probe is None or await probe.wait() != 0:
         pytest.skip("no Docker engine answers here")
     image = os.environ.get("RAAS_TEST_DOCKER_IMAGE", "python:3.12-slim")
@@ -280,7 +310,7 @@ async def test_docker_when_an_engine_answers(sandbox_manager: SandboxManager) ->
         assert (await sb.tools.bash("echo hi")).output.strip() == "hi"
 
 
-CHATTY = '''import os, runpy, sys
+CHATTY = """import os, runpy, sys
 # Test double: floods stdout (one line far over the reader's limit, then normal lines), then runs the
 # real tool server, which must still be found through its ready line.
 sys.stdout.write("x" * 300000 + "\\n" + "hello\\n" * 1000)
@@ -289,11 +319,12 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != here]
 sys.modules.pop("raas_toolserver", None)
 runpy.run_module("raas_toolserver", run_name="__main__", alter_sys=True)
-'''
+"""
 
 
-async def test_chatty_server_is_still_found(sandbox_manager: SandboxManager,
-                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+async def test_chatty_server_is_still_found(
+    sandbox_manager: SandboxManager, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     chatty = tmp_path_factory.mktemp("chatty-server")
     (chatty / "raas_toolserver.py").write_text(CHATTY)
     bundle = await sandbox_manager.bundle_dir()
@@ -302,7 +333,7 @@ async def test_chatty_server_is_still_found(sandbox_manager: SandboxManager,
         assert (await sb.tools.bash("echo fine")).output.strip() == "fine"
 
 
-SILENT = '''import os, socket, sys, time
+SILENT = """import os, socket, sys, time
 # Test double: a tool server that announces itself ready, accepts a connection, then never answers.
 path = sys.argv[sys.argv.index("--socket") + 1]
 srv = socket.socket(socket.AF_UNIX)
@@ -313,11 +344,12 @@ conn, _ = srv.accept()
 with open(os.environ["RAAS_TEST_FIFO"], "w") as f:
     f.write("accepted")
 time.sleep(600)
-'''
+"""
 
 
-async def test_cancel_during_handshake_closes_the_connection(sandbox_manager: SandboxManager,
-                                                             tmp_path_factory: pytest.TempPathFactory) -> None:
+async def test_cancel_during_handshake_closes_the_connection(
+    sandbox_manager: SandboxManager, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     silent = tmp_path_factory.mktemp("silent-server")
     (silent / "raas_toolserver.py").write_text(SILENT)
     fifo = silent / "accepted.fifo"

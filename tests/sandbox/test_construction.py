@@ -30,8 +30,13 @@ pytestmark = pytest.mark.unit
 
 def make(cls: type, tmp_path: Path, **cfg: object):  # type: ignore[no-untyped-def]
     config = SandboxConfig(**cfg)  # type: ignore[arg-type]
-    return cls(config, sandbox_id="sb-0123456789ab", owner="t", scratch=tmp_path / "sb",
-               bundle_dir=tmp_path / "bundle")
+    return cls(
+        config,
+        sandbox_id="sb-0123456789ab",
+        owner="t",
+        scratch=tmp_path / "sb",
+        bundle_dir=tmp_path / "bundle",
+    )
 
 
 def flag_pairs(argv: list[str], flag: str) -> list[str]:
@@ -50,8 +55,17 @@ def test_backend_factory_knows_every_name() -> None:
     assert e.value.kind == "bad_request"
 
 
-@pytest.mark.parametrize("bad", [{"binds": ["relative:/x"]}, {"binds": ["/a:/b:rx"]}, {"workdir": "ws"},
-                                 {"env": {"A=B": "1"}}, {"env": {"RAAS_SANDBOX_ID": "x"}}, {"bogus": 1}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"binds": ["relative:/x"]},
+        {"binds": ["/a:/b:rx"]},
+        {"workdir": "ws"},
+        {"env": {"A=B": "1"}},
+        {"env": {"RAAS_SANDBOX_ID": "x"}},
+        {"bogus": 1},
+    ],
+)
 def test_config_rejects_bad_input(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         SandboxConfig(**bad)  # type: ignore[arg-type]
@@ -80,8 +94,14 @@ def test_local_command(tmp_path: Path) -> None:
 
 def test_bwrap_command_fallback(tmp_path: Path) -> None:
     (tmp_path / "img" / "root").mkdir(parents=True)
-    sb = make(BwrapSandbox, tmp_path, backend="bwrap", image=str(tmp_path / "img"),
-              binds=["/data:/data:ro", "/out:/out"], env={"X": "1,2"})
+    sb = make(
+        BwrapSandbox,
+        tmp_path,
+        backend="bwrap",
+        image=str(tmp_path / "img"),
+        binds=["/data:/data:ro", "/out:/out"],
+        env={"X": "1,2"},
+    )
     sb.overlay = False
     argv = sb.build_launch().argv
     assert argv[1] == "--unshare-all" and "--share-net" not in argv
@@ -126,8 +146,9 @@ def test_bwrap_version_is_parsed() -> None:
 
 @pytest.mark.parametrize("as_root", [True, False])
 def test_apptainer_command(tmp_path: Path, as_root: bool) -> None:
-    sb = make(ApptainerSandbox, tmp_path, backend="apptainer", image="/img", env={"A": "x,y"},
-              binds=["/d:/d:ro"])
+    sb = make(
+        ApptainerSandbox, tmp_path, backend="apptainer", image="/img", env={"A": "x,y"}, binds=["/d:/d:ro"]
+    )
     sb.as_root = as_root
     spec = sb.build_launch()
     argv = spec.argv
@@ -157,8 +178,15 @@ def test_apptainer_network_on_and_no_fakeroot(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("cls,cli", [(DockerSandbox, "docker"), (PodmanSandbox, "podman")])
 def test_docker_command(tmp_path: Path, cls: type, cli: str) -> None:
-    sb = make(cls, tmp_path, backend=cli, image="docker://python:3.12-slim", memory_mb=256, max_procs=64,
-              file_size_mb=10)
+    sb = make(
+        cls,
+        tmp_path,
+        backend=cli,
+        image="docker://python:3.12-slim",
+        memory_mb=256,
+        max_procs=64,
+        file_size_mb=10,
+    )
     argv = sb.build_launch().argv
     assert argv[:2] == [cli, "run"] and "--rm" in argv and "-i" in argv
     assert flag_pairs(argv, "--name") == ["raas-sb-0123456789ab"]
@@ -184,10 +212,15 @@ def test_rlimit_args_and_launcher_apply_limits(tmp_path: Path) -> None:
     assert argv[:3] == [sys.executable, "-c", LAUNCHER]
     (tmp_path / "raas_probe.py").write_text(
         "import resource as r;print(r.getrlimit(r.RLIMIT_AS)[0],r.getrlimit(r.RLIMIT_FSIZE)[0],"
-        "r.getrlimit(r.RLIMIT_NPROC)[0])\n")
-    out = subprocess.run([sys.executable, "-c", LAUNCHER, *limits, "--", "-m", "raas_probe"],
-                         capture_output=True, text=True, check=False,
-                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+        "r.getrlimit(r.RLIMIT_NPROC)[0])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", LAUNCHER, *limits, "--", "-m", "raas_probe"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(1024 << 20), str(3 << 20), "100"]
     ran = subprocess.run(argv, capture_output=True, text=True, check=False)
@@ -230,8 +263,9 @@ def test_image_sources(tmp_path: Path) -> None:
     assert cmd[:5] == ["apptainer", "-s", "build", "--sandbox", "--force"] and "--fakeroot" in cmd
     assert cmd[-2:] == [str(tmp_path / "d"), "docker://debian:12"]
     assert "--fakeroot" not in conversion_command("apptainer", "docker://x", tmp_path / "d", as_root=True)
-    assert "--fakeroot" in conversion_command("apptainer", "docker://x", tmp_path / "d", as_root=True,
-                                              root_has_subuid=True)
+    assert "--fakeroot" in conversion_command(
+        "apptainer", "docker://x", tmp_path / "d", as_root=True, root_has_subuid=True
+    )
 
 
 def test_root_writes_on_host(tmp_path: Path) -> None:

@@ -20,12 +20,25 @@ pytestmark = pytest.mark.integration
 def test_cli_build_reuses_the_cache_and_places_a_copy(test_image: Path, tmp_path: Path) -> None:
     out = tmp_path / "rootfs"
     before = test_image.stat().st_mtime_ns
-    result = CliRunner().invoke(app, ["image", "build", "--debian", "bookworm", "--packages",
-                                      ",".join(TEST_IMAGE_SPEC.packages), "-o", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "image",
+            "build",
+            "--debian",
+            "bookworm",
+            "--packages",
+            ",".join(TEST_IMAGE_SPEC.packages),
+            "-o",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert f"rootfs: {rootfs_path(TEST_IMAGE_SPEC)}" in result.output
     assert test_image.stat().st_mtime_ns == before  # reused, not rebuilt
-    assert (out / "usr/bin/python3").exists() and (out / ".raas/lib").is_dir() and (out / "workspace").is_dir()
+    assert (
+        (out / "usr/bin/python3").exists() and (out / ".raas/lib").is_dir() and (out / "workspace").is_dir()
+    )
     again = CliRunner().invoke(app, ["image", "build", "--packages", "python3", "-o", str(out)])
     assert again.exit_code == 1 and "already exists" in again.output
 
@@ -42,9 +55,11 @@ def test_unknown_image_is_a_typed_error(tmp_path: Path) -> None:
 
 
 def test_sif_offset_parsing() -> None:
-    listing = ("ID   |GROUP   |LINK    |SIF POSITION (start-end)  |TYPE\n"
-               "1    |1       |NONE    |32176-32221               |Def.FILE\n"
-               "3    |1       |NONE    |36864-40960               |FS (Squashfs/*System/amd64)\n")
+    listing = (
+        "ID   |GROUP   |LINK    |SIF POSITION (start-end)  |TYPE\n"
+        "1    |1       |NONE    |32176-32221               |Def.FILE\n"
+        "3    |1       |NONE    |36864-40960               |FS (Squashfs/*System/amd64)\n"
+    )
     assert sif_squashfs_offset(listing) == 36864
     with pytest.raises(RaasError):
         sif_squashfs_offset("ID |GROUP\n")

@@ -22,8 +22,14 @@ from raas.sandbox import procs as sbprocs
 
 pytestmark = pytest.mark.integration
 
-ACTIONS = ("close_mid_command", "kill_launcher", "kill_server_inside", "kill_random_process", "cancel_call",
-           "normal")
+ACTIONS = (
+    "close_mid_command",
+    "kill_launcher",
+    "kill_server_inside",
+    "kill_random_process",
+    "cancel_call",
+    "normal",
+)
 
 
 async def _one_round(manager: SandboxManager, config: SandboxConfig, rng: random.Random, i: int) -> str:
@@ -60,8 +66,9 @@ async def _one_round(manager: SandboxManager, config: SandboxConfig, rng: random
 
 
 @pytest.mark.parametrize(("backend", "rounds"), [("local", 200), ("bwrap", 200), ("apptainer", 30)])
-async def test_start_stop_with_random_kills(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig,
-                                            backend: str, rounds: int) -> None:
+async def test_start_stop_with_random_kills(
+    sandbox_manager: SandboxManager, sandbox_config: SandboxConfig, backend: str, rounds: int
+) -> None:
     rng = random.Random(f"leak-{backend}")
     limit = asyncio.Semaphore(4)
 
@@ -75,6 +82,8 @@ async def test_start_stop_with_random_kills(sandbox_manager: SandboxManager, san
     assert sandbox_manager.list() == []
     assert len(set(sandbox_manager.started_ids)) == rounds
     # Nothing tagged by any of them survives (the fixture re-checks scratch dirs, records, mounts, fds).
-    alive = [pid for pid, v in sbprocs.pids_with_env_prefix("sb-").items() if v in set(sandbox_manager.started_ids)]
+    alive = [
+        pid for pid, v in sbprocs.pids_with_env_prefix("sb-").items() if v in set(sandbox_manager.started_ids)
+    ]
     assert alive == []
     assert os.listdir(sandbox_manager.records_dir) == []

@@ -44,9 +44,15 @@ asyncio.run(main())
 """
 
 
-def spawn_child(state: Path, config: SandboxConfig, mode: str) -> tuple[subprocess.Popen[str], dict[str, object]]:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(state), config.model_dump_json(), mode],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def spawn_child(
+    state: Path, config: SandboxConfig, mode: str
+) -> tuple[subprocess.Popen[str], dict[str, object]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(state), config.model_dump_json(), mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line, "the child raas process did not start its sandbox"
@@ -86,7 +92,9 @@ async def test_crashed_run_is_reaped(tmp_path: Path, sandbox_config: SandboxConf
 
 @pytest.mark.parametrize("backend", ["local", "bwrap"])
 @pytest.mark.parametrize("mode", ["exit", "sigterm"])
-async def test_interpreter_exit_closes_sandboxes(tmp_path: Path, sandbox_config: SandboxConfig, mode: str) -> None:
+async def test_interpreter_exit_closes_sandboxes(
+    tmp_path: Path, sandbox_config: SandboxConfig, mode: str
+) -> None:
     state = tmp_path / "state"
     proc, info = await asyncio.to_thread(spawn_child, state, sandbox_config, "wait")
     sid = str(info["id"])
@@ -108,9 +116,15 @@ async def test_reaping_spares_live_runs_and_strangers(tmp_path: Path, sandbox_co
     # A stranger: tagged with an id no record names, and a record of a dead run whose pid now belongs
     # to that stranger (pid reuse) but with another start time.
     stranger = await asyncio.create_subprocess_exec(
-        "sleep", "300", env={**os.environ, sbprocs.ENV_KEY: "sb-000000000000"})
-    dead_record = {"id": "sb-aaaaaaaaaaaa", "pid": stranger.pid, "pid_start": 1, "scratch": "/etc",
-                   "manager": {"pid": 2**22 + 1, "start": 1}}
+        "sleep", "300", env={**os.environ, sbprocs.ENV_KEY: "sb-000000000000"}
+    )
+    dead_record = {
+        "id": "sb-aaaaaaaaaaaa",
+        "pid": stranger.pid,
+        "pid_start": 1,
+        "scratch": "/etc",
+        "manager": {"pid": 2**22 + 1, "start": 1},
+    }
     (state / "records" / "sb-aaaaaaaaaaaa.json").write_text(json.dumps(dead_record))
     try:
         manager = SandboxManager(state)

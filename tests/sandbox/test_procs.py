@@ -15,8 +15,9 @@ pytestmark = pytest.mark.unit
 
 
 def spawn_tagged(tag: str, script: str = "sleep 300") -> subprocess.Popen[bytes]:
-    return subprocess.Popen(["sh", "-c", script], env={**os.environ, procs.ENV_KEY: tag},
-                            start_new_session=True)
+    return subprocess.Popen(
+        ["sh", "-c", script], env={**os.environ, procs.ENV_KEY: tag}, start_new_session=True
+    )
 
 
 def test_identity_checks() -> None:
@@ -37,7 +38,9 @@ def test_identity_checks() -> None:
 
 def test_kill_by_env_gets_forks_and_spares_others() -> None:
     # A process tree that keeps forking, in its own sessions: only the tag finds all of it.
-    target = spawn_tagged("sb-333333333333", "setsid sleep 300 & (sleep 300 &) ; while true; do sleep 1; done")
+    target = spawn_tagged(
+        "sb-333333333333", "setsid sleep 300 & (sleep 300 &) ; while true; do sleep 1; done"
+    )
     other = spawn_tagged("sb-444444444444")
     try:
         assert procs.kill_by_env("sb-333333333333") >= 3

@@ -45,7 +45,9 @@ class SandboxConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     backend: str = "local"
-    image: str | None = Field(default=None, description="rootfs dir, SIF file, docker://, docker-archive:, oci-archive:")
+    image: str | None = Field(
+        default=None, description="rootfs dir, SIF file, docker://, docker-archive:, oci-archive:"
+    )
     network: bool = False
     fakeroot: bool = True
     workdir: str = "/workspace"
@@ -59,7 +61,9 @@ class SandboxConfig(BaseModel):
     start_timeout_s: float = 60.0
     python: str = "python3"
     root_writes: Literal["tmpfs", "host"] = Field(
-        default="tmpfs", description="where writes to the image's root go: RAM, or a host dir under the scratch dir")
+        default="tmpfs",
+        description="where writes to the image's root go: RAM, or a host dir under the scratch dir",
+    )
     extra_args: list[str] = Field(default_factory=list, description="extra runtime flags, backend-specific")
 
     @field_validator("binds")
@@ -122,13 +126,27 @@ class SandboxTools(ToolClient):
         super().__init__(socket_path, **kwargs)
         self.default_timeout = default_timeout
 
-    async def bash(self, command: str, *, timeout: float | None = None,  # noqa: ASYNC109 - server-enforced
-                   **kwargs: Any) -> BashResult:
-        return await super().bash(command, timeout=self.default_timeout if timeout is None else timeout, **kwargs)
+    async def bash(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - server-enforced
+        **kwargs: Any,
+    ) -> BashResult:
+        return await super().bash(
+            command, timeout=self.default_timeout if timeout is None else timeout, **kwargs
+        )
 
-    async def ipython(self, code: str, *, timeout: float | None = None,  # noqa: ASYNC109 - server-enforced
-                      **kwargs: Any) -> IPythonResult:
-        return await super().ipython(code, timeout=self.default_timeout if timeout is None else timeout, **kwargs)
+    async def ipython(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - server-enforced
+        **kwargs: Any,
+    ) -> IPythonResult:
+        return await super().ipython(
+            code, timeout=self.default_timeout if timeout is None else timeout, **kwargs
+        )
 
 
 class Sandbox(ABC):
@@ -329,8 +347,9 @@ class Sandbox(ABC):
             self.server_info = await client.ping()
         except RaasError as e:
             await client.close()
-            raise RaasError(f"cannot reach the tool server: {e.message}; {self._log_tail()}",
-                            kind="sandbox_start_failed") from e
+            raise RaasError(
+                f"cannot reach the tool server: {e.message}; {self._log_tail()}", kind="sandbox_start_failed"
+            ) from e
         except BaseException:  # cancelled mid-handshake: the connection must not outlive us
             await asyncio.shield(client.close())
             raise
@@ -459,6 +478,8 @@ def backend_class(name: str) -> type[Sandbox]:
     try:
         target = BACKENDS[name]
     except KeyError:
-        raise RaasError(f"unknown sandbox backend {name!r}; known: {', '.join(BACKENDS)}", kind="bad_request") from None
+        raise RaasError(
+            f"unknown sandbox backend {name!r}; known: {', '.join(BACKENDS)}", kind="bad_request"
+        ) from None
     module, cls = target.split(":")
     return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]

@@ -21,7 +21,9 @@ def build(
     packages: Annotated[str, typer.Option(help="comma-separated Debian packages")] = "python3",
     output: Annotated[Path | None, typer.Option("-o", "--output", help="also place the rootfs here")] = None,
     sif: Annotated[Path | None, typer.Option(help="also pack a SIF file (apptainer build)")] = None,
-    mirror: Annotated[str | None, typer.Option(help="Debian mirror (default: the system's apt sources)")] = None,
+    mirror: Annotated[
+        str | None, typer.Option(help="Debian mirror (default: the system's apt sources)")
+    ] = None,
 ) -> None:
     """Build (or reuse from the cache) a Debian rootfs usable by the bwrap and apptainer backends."""
     from raas.sandbox.images import ImageSpec, build_rootfs, build_sif

@@ -60,8 +60,12 @@ class ImageSpec:
     def key(self) -> str:
         """A short stable hash of the spec (the mirror is where bits come from, not what they are)."""
         blob = json.dumps(
-            {"suite": self.suite, "packages": list(self.packages), "variant": self.variant,
-             "layout": LAYOUT_VERSION},
+            {
+                "suite": self.suite,
+                "packages": list(self.packages),
+                "variant": self.variant,
+                "layout": LAYOUT_VERSION,
+            },
             sort_keys=True,
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -106,8 +110,11 @@ def _build_lock(cache: Path, key: str) -> Iterator[None]:
             os.close(fd)
             raise PermissionError(f"{cache} is not writable")
     except OSError as e:
-        raise RaasError(f"cannot build into the image cache {cache} ({e}); point RAAS_IMAGE_CACHE at a "
-                        "writable directory", kind="sandbox_start_failed") from e
+        raise RaasError(
+            f"cannot build into the image cache {cache} ({e}); point RAAS_IMAGE_CACHE at a "
+            "writable directory",
+            kind="sandbox_start_failed",
+        ) from e
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -150,7 +157,9 @@ def build_rootfs(spec: ImageSpec, *, cache: Path | None = None, mirror: str | No
             kind="sandbox_start_failed",
         )
     if shutil.which("debootstrap") is None:
-        raise RaasError("debootstrap is not installed (apt-get install debootstrap)", kind="sandbox_start_failed")
+        raise RaasError(
+            "debootstrap is not installed (apt-get install debootstrap)", kind="sandbox_start_failed"
+        )
     with _build_lock(cache, spec.key()):
         if (final / "usr").is_dir():
             return final
@@ -159,15 +168,33 @@ def build_rootfs(spec: ImageSpec, *, cache: Path | None = None, mirror: str | No
             root = tmp / "root"
             # debootstrap's own dependency resolution is minimal (--include can fail to configure
             # packages with deeper dependency trees), so extra packages go in with apt in a chroot.
-            cmd = ["debootstrap", f"--variant={spec.variant}", spec.suite, str(root),
-                   mirror or system_debian_mirror()]
+            cmd = [
+                "debootstrap",
+                f"--variant={spec.variant}",
+                spec.suite,
+                str(root),
+                mirror or system_debian_mirror(),
+            ]
             try:
                 _run(cmd, "debootstrap", log=tmp / "debootstrap.log")
                 if spec.packages:
                     env = "DEBIAN_FRONTEND=noninteractive"
                     _run(["chroot", str(root), "env", env, "apt-get", "-qq", "update"], "apt-get update")
-                    _run(["chroot", str(root), "env", env, "apt-get", "install", "-y", "-qq",
-                          "--no-install-recommends", *spec.packages], "apt-get install")
+                    _run(
+                        [
+                            "chroot",
+                            str(root),
+                            "env",
+                            env,
+                            "apt-get",
+                            "install",
+                            "-y",
+                            "-qq",
+                            "--no-install-recommends",
+                            *spec.packages,
+                        ],
+                        "apt-get install",
+                    )
                     _run(["chroot", str(root), "apt-get", "clean"], "apt-get clean")
             finally:
                 _unmount_below(root)
@@ -177,8 +204,11 @@ def build_rootfs(spec: ImageSpec, *, cache: Path | None = None, mirror: str | No
                 lists.unlink()
             (tmp / "debootstrap.log").unlink(missing_ok=True)
             _ensure_mount_points(root)
-            meta = {"spec": {"suite": spec.suite, "packages": list(spec.packages), "variant": spec.variant},
-                    "layout": LAYOUT_VERSION, "built_at": time.time()}
+            meta = {
+                "spec": {"suite": spec.suite, "packages": list(spec.packages), "variant": spec.variant},
+                "layout": LAYOUT_VERSION,
+                "built_at": time.time(),
+            }
             (cache / f"rootfs-{spec.key()}.json").write_text(json.dumps(meta, indent=1))
             os.rename(root, final)
         finally:
@@ -227,8 +257,9 @@ def source_key(image: str) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def conversion_command(exe: str, source: str, dest: Path, *, as_root: bool,
-                       root_has_subuid: bool = False) -> list[str]:
+def conversion_command(
+    exe: str, source: str, dest: Path, *, as_root: bool, root_has_subuid: bool = False
+) -> list[str]:
     """The ``apptainer build --sandbox`` command that unpacks ``source`` into ``dest``.
 
     Unprivileged: ``--fakeroot``. As root: ``--fakeroot`` only works with a root entry in
@@ -262,15 +293,34 @@ def unpack_sif(sif: Path, dest: Path) -> None:
     exe = apptainer_binary()
     listing = subprocess.run([exe, "sif", "list", str(sif)], capture_output=True, text=True, check=False)
     if listing.returncode != 0:
-        raise RaasError(f"{sif} is not a readable SIF file: {listing.stderr.strip()[-500:]}", kind="bad_request")
+        raise RaasError(
+            f"{sif} is not a readable SIF file: {listing.stderr.strip()[-500:]}", kind="bad_request"
+        )
     offset = sif_squashfs_offset(listing.stdout)
     if shutil.which("unsquashfs") is None:
         raise RaasError("unsquashfs (squashfs-tools) is not installed", kind="sandbox_start_failed")
-    out = subprocess.run(["unsquashfs", "-no-xattrs", "-quiet", "-no-progress", "-f", "-d", str(dest),
-                          "-o", str(offset), str(sif)], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [
+            "unsquashfs",
+            "-no-xattrs",
+            "-quiet",
+            "-no-progress",
+            "-f",
+            "-d",
+            str(dest),
+            "-o",
+            str(offset),
+            str(sif),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     # Exit 2 means non-fatal problems (device nodes an unprivileged user cannot create).
     if out.returncode not in (0, 2) or not dest.is_dir():
-        raise RaasError(f"unpacking {sif} failed: {(out.stdout + out.stderr)[-2000:]}", kind="sandbox_start_failed")
+        raise RaasError(
+            f"unpacking {sif} failed: {(out.stdout + out.stderr)[-2000:]}", kind="sandbox_start_failed"
+        )
 
 
 def ensure_sandbox_dir(image: str, *, cache: Path | None = None) -> Path:
@@ -295,8 +345,13 @@ def ensure_sandbox_dir(image: str, *, cache: Path | None = None) -> Path:
                 unpack_sif(Path(image), dest)
             else:
                 as_root = os.geteuid() == 0
-                cmd = conversion_command(apptainer_binary(), image, dest, as_root=as_root,
-                                         root_has_subuid=as_root and _has_subuid())
+                cmd = conversion_command(
+                    apptainer_binary(),
+                    image,
+                    dest,
+                    as_root=as_root,
+                    root_has_subuid=as_root and _has_subuid(),
+                )
                 try:
                     _run(cmd, f"converting {image}")
                 except RaasError as e:
@@ -304,7 +359,9 @@ def ensure_sandbox_dir(image: str, *, cache: Path | None = None) -> Path:
                         e.message += " (as root, add a root entry to /etc/subuid and /etc/subgid)"
                     raise
             _ensure_mount_points(dest)
-            (cache / f"unpacked-{key}.json").write_text(json.dumps({"source": image, "built_at": time.time()}))
+            (cache / f"unpacked-{key}.json").write_text(
+                json.dumps({"source": image, "built_at": time.time()})
+            )
             os.rename(dest, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -53,8 +53,11 @@ LAUNCHER = (
 def rlimit_args(memory_mb: int | None, file_size_mb: int | None, max_procs: int | None) -> list[str]:
     """``NAME=value`` arguments for :data:`LAUNCHER` (empty when no limit is set)."""
     out: list[str] = []
-    for name, value, scale in (("AS", memory_mb, 1 << 20), ("FSIZE", file_size_mb, 1 << 20),
-                               ("NPROC", max_procs, 1)):
+    for name, value, scale in (
+        ("AS", memory_mb, 1 << 20),
+        ("FSIZE", file_size_mb, 1 << 20),
+        ("NPROC", max_procs, 1),
+    ):
         if value is None:
             continue
         if value <= 0:

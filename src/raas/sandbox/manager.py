@@ -76,8 +76,13 @@ def _install_exit_hooks() -> None:
 class SandboxManager:
     """Starts sandboxes for owners, tracks leases, closes them, and reaps a crashed run's leftovers."""
 
-    def __init__(self, state_dir: str | Path, *, scratch_root: str | Path | None = None,
-                 default_lease_s: float | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: str | Path,
+        *,
+        scratch_root: str | Path | None = None,
+        default_lease_s: float | None = None,
+    ) -> None:
         self.state_dir = Path(state_dir).absolute()
         self.records_dir = self.state_dir / "records"
         self.records_dir.mkdir(parents=True, exist_ok=True)
@@ -156,8 +161,14 @@ class SandboxManager:
         cls = backend_class(config.backend)
         bundle = await self.bundle_dir()
         sid = new_sandbox_id()
-        sb = cls(config, sandbox_id=sid, owner=owner, scratch=self.scratch_root / sid, bundle_dir=bundle,
-                 on_close=self._forget)
+        sb = cls(
+            config,
+            sandbox_id=sid,
+            owner=owner,
+            scratch=self.scratch_root / sid,
+            bundle_dir=bundle,
+            on_close=self._forget,
+        )
         lease = lease_s if lease_s is not None else self.default_lease_s
         if lease is not None:
             sb.lease_deadline = time.time() + lease
@@ -175,8 +186,9 @@ class SandboxManager:
         return sb
 
     @contextlib.asynccontextmanager
-    async def sandbox(self, config: SandboxConfig, *, owner: str,
-                      lease_s: float | None = None) -> AsyncIterator[Sandbox]:
+    async def sandbox(
+        self, config: SandboxConfig, *, owner: str, lease_s: float | None = None
+    ) -> AsyncIterator[Sandbox]:
         """``async with``: the sandbox is closed on success, error, timeout and cancellation."""
         sb = await self.start(config, owner=owner, lease_s=lease_s)
         try:

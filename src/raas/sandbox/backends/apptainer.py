@@ -52,17 +52,24 @@ class ApptainerSandbox(Sandbox):
             argv.append("--userns")
         elif cfg.fakeroot:
             argv.append("--fakeroot")
-        argv += ["--pwd", cfg.workdir,
-                 "--bind", f"{self.workspace}:{cfg.workdir}",
-                 "--bind", f"{self.run_dir}:{INNER_RUN}",
-                 "--bind", f"{self.bundle_dir}:{INNER_LIB}:ro"]
+        argv += [
+            "--pwd",
+            cfg.workdir,
+            "--bind",
+            f"{self.workspace}:{cfg.workdir}",
+            "--bind",
+            f"{self.run_dir}:{INNER_RUN}",
+            "--bind",
+            f"{self.bundle_dir}:{INNER_LIB}:ro",
+        ]
         for spec in cfg.binds:
             host, dest, ro = parse_bind(spec)
             argv += ["--bind", f"{host}:{dest}" + (":ro" if ro else "")]
         argv += [*cfg.extra_args, str(self.rootfs or cfg.image)]
         limits = rlimit_args(cfg.memory_mb, cfg.file_size_mb, cfg.max_procs)
-        argv += python_command(cfg.python, "raas_toolserver",
-                               self.server_args(f"{INNER_RUN}/{SOCKET_NAME}", cfg.workdir), limits)
+        argv += python_command(
+            cfg.python, "raas_toolserver", self.server_args(f"{INNER_RUN}/{SOCKET_NAME}", cfg.workdir), limits
+        )
         # --containall cleans the environment; APPTAINERENV_* is the way in that survives it and
         # keeps values with commas intact (unlike --env).
         env = {"PATH": os.environ.get("PATH", INNER_PATH), "HOME": os.environ.get("HOME", "/")}

@@ -37,7 +37,9 @@ TMPFS_DIRS = ("/tmp", "/root", "/run", "/var/tmp")
 def bwrap_version(exe: str) -> tuple[int, ...]:
     """``bwrap --version`` as a tuple, e.g. (0, 8, 0); (0,) if it cannot be read."""
     try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
+        out = subprocess.run(
+            [exe, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return (0,)
     m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", out)
@@ -76,7 +78,9 @@ class BwrapSandbox(Sandbox):
 
     def prepare(self) -> None:
         if not self.config.image:
-            raise RaasError("the bwrap backend needs config.image (a rootfs dir or image source)", kind="bad_request")
+            raise RaasError(
+                "the bwrap backend needs config.image (a rootfs dir or image source)", kind="bad_request"
+            )
         self.exe = bwrap_binary()
         if self.overlay is None:
             self.overlay = bwrap_version(self.exe) >= (0, 10)
@@ -118,8 +122,9 @@ class BwrapSandbox(Sandbox):
             argv += ["--setenv", k, v]
         argv += ["--chdir", cfg.workdir, *cfg.extra_args, "--"]
         limits = rlimit_args(cfg.memory_mb, cfg.file_size_mb, cfg.max_procs)
-        argv += python_command(cfg.python, "raas_toolserver",
-                               self.server_args(f"{INNER_RUN}/{SOCKET_NAME}", cfg.workdir), limits)
+        argv += python_command(
+            cfg.python, "raas_toolserver", self.server_args(f"{INNER_RUN}/{SOCKET_NAME}", cfg.workdir), limits
+        )
         return LaunchSpec(argv=argv, env={"PATH": os.environ.get("PATH", INNER_PATH)})
 
 

@@ -40,11 +40,30 @@ class DockerSandbox(Sandbox):
 
     def build_launch(self) -> LaunchSpec:
         cfg = self.config
-        argv = [self.cli, "run", "--rm", "-i", "--init", "--name", self.container_name,
-                "--label", f"raas.sandbox={self.id}", "--hostname", "raas"]
+        argv = [
+            self.cli,
+            "run",
+            "--rm",
+            "-i",
+            "--init",
+            "--name",
+            self.container_name,
+            "--label",
+            f"raas.sandbox={self.id}",
+            "--hostname",
+            "raas",
+        ]
         argv += ["--network", "bridge" if cfg.network else "none"]
-        argv += ["-v", f"{self.workspace}:{cfg.workdir}", "-v", f"{self.run_dir}:{INNER_RUN}",
-                 "-v", f"{self.bundle_dir}:{INNER_LIB}:ro", "-w", cfg.workdir]
+        argv += [
+            "-v",
+            f"{self.workspace}:{cfg.workdir}",
+            "-v",
+            f"{self.run_dir}:{INNER_RUN}",
+            "-v",
+            f"{self.bundle_dir}:{INNER_LIB}:ro",
+            "-w",
+            cfg.workdir,
+        ]
         for spec in cfg.binds:
             host, dest, ro = parse_bind(spec)
             argv += ["-v", f"{host}:{dest}" + (":ro" if ro else "")]
@@ -60,16 +79,19 @@ class DockerSandbox(Sandbox):
         for k, v in inner_env(self.id, cfg.env).items():
             argv += ["-e", f"{k}={v}"]
         argv += [*cfg.extra_args, self.image_ref()]
-        argv += python_command(cfg.python, "raas_toolserver",
-                               self.server_args(f"{INNER_RUN}/{SOCKET_NAME}", cfg.workdir), [])
-        return LaunchSpec(argv=argv, env={"PATH": os.environ.get("PATH", INNER_PATH),
-                                          "HOME": os.environ.get("HOME", "/")})
+        argv += python_command(
+            cfg.python, "raas_toolserver", self.server_args(f"{INNER_RUN}/{SOCKET_NAME}", cfg.workdir), []
+        )
+        return LaunchSpec(
+            argv=argv, env={"PATH": os.environ.get("PATH", INNER_PATH), "HOME": os.environ.get("HOME", "/")}
+        )
 
     def _cleanup_sync(self) -> None:
         # The CLI process dying does not stop the container: remove it by name.
         if shutil.which(self.cli):
-            subprocess.run([self.cli, "rm", "-f", self.container_name], capture_output=True, check=False,
-                           timeout=60)
+            subprocess.run(
+                [self.cli, "rm", "-f", self.container_name], capture_output=True, check=False, timeout=60
+            )
         super()._cleanup_sync()
 
 

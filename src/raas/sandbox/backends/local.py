@@ -35,8 +35,12 @@ class LocalSandbox(Sandbox):
         )
         env.update(cfg.env)
         limits = rlimit_args(cfg.memory_mb, cfg.file_size_mb, cfg.max_procs)
-        argv = python_command(sys.executable, "raas_toolserver",
-                              self.server_args(str(self.socket_path), str(self.workspace)), limits)
+        argv = python_command(
+            sys.executable,
+            "raas_toolserver",
+            self.server_args(str(self.socket_path), str(self.workspace)),
+            limits,
+        )
         setpriv = shutil.which("setpriv")
         if setpriv:
             # If the host process dies without running any cleanup, the server dies with it.

@@ -367,12 +367,3 @@ def ensure_sandbox_dir(image: str, *, cache: Path | None = None) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
         os.chmod(cache, 0o755)
     return final
-
-
-def make_world_traversable(path: Path) -> None:
-    """Give 'others' search permission on ``path`` and its parents (root's cache shared with CI users)."""
-    for p in [path, *path.parents]:
-        with contextlib.suppress(OSError):
-            mode = p.stat().st_mode
-            if not mode & 0o001:
-                os.chmod(p, (mode & 0o7777) | 0o001)

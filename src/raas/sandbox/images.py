@@ -213,7 +213,8 @@ def build_rootfs(spec: ImageSpec, *, cache: Path | None = None, mirror: str | No
             os.rename(root, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        os.chmod(cache, 0o755)
+        with contextlib.suppress(OSError):  # readable by other users (a shared cache)
+            os.chmod(cache, 0o755)
     return final
 
 
@@ -365,5 +366,6 @@ def ensure_sandbox_dir(image: str, *, cache: Path | None = None) -> Path:
             os.rename(dest, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        os.chmod(cache, 0o755)
+        with contextlib.suppress(OSError):  # readable by other users (a shared cache)
+            os.chmod(cache, 0o755)
     return final

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,19 @@ from raas.sandbox.base import remove_tree
 
 pytestmark = pytest.mark.unit
 
+TAGS = ("sb-111111111111", "sb-333333333333", "sb-444444444444", "sb-555555555555")
 
-def spawn_tagged(tag: str, script: str = "sleep 300") -> subprocess.Popen[bytes]:
+
+@pytest.fixture(autouse=True)
+def no_tagged_leftovers() -> Iterator[None]:
+    """Whatever these tests start is gone afterwards (and the check itself must find nothing left)."""
+    yield
+    for tag in TAGS:
+        procs.kill_by_env(tag)
+    assert [t for t in procs.pids_with_env_prefix("sb-").values() if t in TAGS] == []
+
+
+def spawn_tagged(tag: str, script: str = "exec sleep 300") -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         ["sh", "-c", script], env={**os.environ, procs.ENV_KEY: tag}, start_new_session=True
     )

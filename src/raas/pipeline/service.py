@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 from raas.agent.config import AgentConfig
 from raas.agent.trajectory import EvalOutput, RunOutput, TokenTrajectory
 from raas.errors import RaasError
+from raas.llm import ChatTokenizer, LLMBalancer
 from raas.pipeline import metrics
 from raas.pipeline.config import ServiceConfig, agent_overrides
 from raas.pipeline.events import EventBus, Subscription
@@ -47,6 +48,7 @@ from raas.pipeline.jobs import (
     new_job_id,
 )
 from raas.pipeline.ledger import Ledger, LedgerJob
+from raas.sandbox import SandboxConfig, SandboxManager, config_from_dict
 from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
 
 log = logging.getLogger("raas.pipeline")
@@ -111,22 +113,6 @@ class _Active:
         )
 
 
-class _UnavailableSandboxes:
-    """Stands in for a SandboxManager when the sandbox layer cannot be loaded: opening fails typed."""
-
-    def __init__(self, why: str) -> None:
-        self.why = why
-
-    async def start(self, config: Any, owner: str) -> Any:
-        raise RaasError(f"no sandbox manager: {self.why}", kind="sandbox_start_failed")
-
-    async def close_owner(self, owner: str) -> None:
-        return None
-
-    async def close_all(self) -> None:
-        return None
-
-
 class RolloutService:
     """See the module docstring. Use ``await start()`` … ``await shutdown()`` (or ``async with``)."""
 
@@ -150,7 +136,7 @@ class RolloutService:
         self._owns_balancer = balancer is None
         self.tokenizer = tokenizer
         self._lookup = handler_lookup
-        self._sandbox_default: Any = None
+        self._sandbox_default: SandboxConfig | None = None
         self._active: dict[str, _Active] = {}
         self._recent: OrderedDict[str, JobResult] = OrderedDict()
         self._queues: dict[StageName, asyncio.PriorityQueue[tuple[int, int, str]]] = {}
@@ -236,39 +222,18 @@ class RolloutService:
 
     async def _wire_layers(self) -> None:
         """Build the sandbox manager, balancer and tokenizer the config names, unless they were injected."""
-        try:
-            from raas.sandbox.base import SandboxConfig
-
-            self._sandbox_default = SandboxConfig(**self.config.sandbox)
-        except ImportError as exc:
-            self._sandbox_default = None
-            log.warning("sandbox layer unavailable: %s", exc)
-        except ValueError as exc:
-            raise RaasError(f"invalid default sandbox config: {exc}", kind="bad_request") from exc
+        self._sandbox_default = config_from_dict(self.config.sandbox)
         if self.sandbox_manager is None:
-            try:
-                from raas.sandbox import SandboxManager  # type: ignore[attr-defined]
-
-                self.sandbox_manager = SandboxManager(self.config.state_dir / "sandboxes")
-                await self.sandbox_manager.reap_stale()
-            except ImportError as exc:
-                self.sandbox_manager = _UnavailableSandboxes(str(exc))
+            self.sandbox_manager = SandboxManager(self.config.state_dir / "sandboxes")
+            await self.sandbox_manager.reap_stale()
         if self.balancer is None:
-            try:
-                from raas.llm import LLMBalancer  # type: ignore[attr-defined]
-
-                # Health checks run for the service's lifetime: a server marked unhealthy after a failed
-                # request comes back once it answers again. ``shutdown`` stops them and closes the client.
-                self.balancer = LLMBalancer(health_interval_s=self.config.llm_health_interval_s)
-                self.balancer.start_health_checks()
-            except ImportError as exc:
-                log.warning("LLM layer unavailable: %s", exc)
-        if self.balancer is not None:
-            for url in self.config.llm_servers:
-                await _maybe_await(self.balancer.add(url))
+            # Health checks run for the service's lifetime: a server marked unhealthy after a failed
+            # request comes back once it answers again. ``shutdown`` stops them and closes the client.
+            self.balancer = LLMBalancer(health_interval_s=self.config.llm_health_interval_s)
+            self.balancer.start_health_checks()
+        for url in self.config.llm_servers:
+            await _maybe_await(self.balancer.add(url))
         if self.tokenizer is None and self.config.tokenizer_dir is not None:
-            from raas.llm import ChatTokenizer  # type: ignore[attr-defined]
-
             self.tokenizer = await asyncio.to_thread(ChatTokenizer.from_pretrained, self.config.tokenizer_dir)
 
     async def shutdown(self, grace_s: float | None = None) -> None:

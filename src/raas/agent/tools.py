@@ -17,6 +17,7 @@ from raas.pipeline.metrics import observe_tool
 
 if TYPE_CHECKING:
     from raas.sandbox import Sandbox
+    from raas.sandbox.models import BashResult, IPythonResult
 
 FATAL_KINDS = frozenset({"sandbox_dead", "sandbox_start_failed", "internal", "cancelled"})
 """Error kinds that end the job: the environment is gone, not the policy's doing."""
@@ -140,13 +141,6 @@ def truncate(text: str, cap_bytes: int) -> str:
     return f"{head}\n[... {cut} bytes truncated ...]\n{tail}"
 
 
-def _field(result: Any, name: str, default: Any = None) -> Any:
-    """Read a result field whether the client returns a model, a dataclass or a dict."""
-    if isinstance(result, Mapping):
-        return result.get(name, default)
-    return getattr(result, name, default)
-
-
 def validate_arguments(name: str, arguments: Mapping[str, Any]) -> str | None:
     """A message naming what is wrong with ``arguments`` for tool ``name``, or None when they fit its schema."""
     schema = SCHEMAS[name]["function"]["parameters"]
@@ -172,39 +166,30 @@ def validate_arguments(name: str, arguments: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _format_bash(r: Any) -> str:
-    out = str(_field(r, "output", "") or "").rstrip("\n")
-    code = _field(r, "exit_code")
+def _format_bash(r: BashResult) -> str:
+    out = r.output.rstrip("\n")
     notes = []
-    if _field(r, "timed_out"):
+    if r.timed_out:
         notes.append("the command timed out and was interrupted")
-    if _field(r, "restarted"):
+    if r.restarted:
         notes.append("the shell was restarted")
-    tail = f"\n[exit code {code}]" if code is not None else ""
+    tail = f"\n[exit code {r.exit_code}]" if r.exit_code is not None else ""
     if notes:
         tail += "\n[" + "; ".join(notes) + "]"
     return (out if out else "(no output)") + tail
 
 
-def _format_ipython(r: Any) -> str:
-    parts: list[str] = []
-    for key in ("stdout", "stderr"):
-        val = _field(r, key)
-        if val:
-            parts.append(str(val).rstrip("\n"))
-    result = _field(r, "result")
-    if result not in (None, ""):
-        parts.append(f"Out: {result}")
-    err = _field(r, "error")
-    if err:
-        ename, evalue = _field(err, "ename", "Error"), _field(err, "evalue", "")
-        parts.append(f"{ename}: {evalue}")
-    images = _field(r, "images") or []
-    if images:
-        parts.append(f"[{len(images)} image(s) produced]")
-    if _field(r, "timed_out"):
+def _format_ipython(r: IPythonResult) -> str:
+    parts = [text.rstrip("\n") for text in (r.stdout, r.stderr) if text]
+    if r.result not in (None, ""):
+        parts.append(f"Out: {r.result}")
+    if r.error is not None:
+        parts.append(f"{r.error.ename}: {r.error.evalue}")
+    if r.images:
+        parts.append(f"[{len(r.images)} image(s) produced]")
+    if r.timed_out:
         parts.append("[execution timed out and was interrupted]")
-    if _field(r, "restarted"):
+    if r.restarted:
         parts.append("[the kernel was restarted]")
     return "\n".join(parts) if parts else "(no output)"
 
@@ -273,7 +258,7 @@ class ToolSet:
             elif name == "str_replace_editor":
                 extra = {k: v for k, v in arguments.items() if k not in ("command", "path") and v is not None}
                 r = await sandbox.tools.editor(str(arguments["command"]), str(arguments["path"]), **extra)
-                text = str(_field(r, "output", "") or "(no output)")
+                text = r.output or "(no output)"
             else:
                 raise RaasError(f"tool {name} has no dispatcher", kind="internal")
         except RaasError as e:

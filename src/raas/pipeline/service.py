@@ -120,9 +120,9 @@ class RolloutService:
         self,
         config: ServiceConfig,
         *,
-        sandbox_manager: Any = None,
-        balancer: Any = None,
-        tokenizer: Any = None,
+        sandbox_manager: SandboxManager | None = None,
+        balancer: LLMBalancer | None = None,
+        tokenizer: ChatTokenizer | None = None,
         handler_lookup: HandlerLookup | None = None,
     ) -> None:
         self.config = config
@@ -264,7 +264,7 @@ class RolloutService:
         if self._owns_manager and self.sandbox_manager is not None:
             with contextlib.suppress(Exception):
                 await self.sandbox_manager.close_all()
-        if self._owns_balancer and self.balancer is not None and hasattr(self.balancer, "aclose"):
+        if self._owns_balancer and self.balancer is not None:
             with contextlib.suppress(Exception):
                 await self.balancer.aclose()
         self.bus.close()
@@ -532,10 +532,7 @@ class RolloutService:
     def llm_servers(self) -> list[dict[str, Any]]:
         if self.balancer is None:
             return []
-        try:
-            return [_as_dict(s) for s in self.balancer.servers()]
-        except Exception:
-            return []
+        return self.balancer.servers()
 
     def status(self) -> dict[str, Any]:
         return {
@@ -721,7 +718,7 @@ class RolloutService:
             await a.sandboxes.close_all()
         if a.env is not None:
             a.env.sandbox = None
-        if self.balancer is not None and hasattr(self.balancer, "release"):
+        if self.balancer is not None:
             self.balancer.release(a.job.trajectory_id)  # unpin, whatever the handler did
         try:
             await asyncio.shield(self.sandbox_manager.close_owner(a.job.job_id))
@@ -957,19 +954,3 @@ def _waiting_for(status: str) -> str:
 
 def _stage_of(status: str) -> str:
     return status if status in STAGES else "queue"
-
-
-def _as_dict(server: Any) -> dict[str, Any]:
-    if isinstance(server, dict):
-        return server
-    if hasattr(server, "model_dump"):
-        return server.model_dump(mode="json")
-    if hasattr(server, "__dataclass_fields__"):
-        import dataclasses
-
-        return {
-            k: v
-            for k, v in dataclasses.asdict(server).items()
-            if isinstance(v, (str, int, float, bool, type(None)))
-        }
-    return {"address": str(server)}

@@ -98,15 +98,15 @@ async def test_malformed_and_invalid_calls_become_error_observations(
 async def test_loop_detection_stops_before_the_repeat_runs(
     tokenizer: ChatTokenizer, sandbox: Sandbox
 ) -> None:
-    call = tool_call("bash", command="echo x >> /tmp/raas-loop-count && wc -l < /tmp/raas-loop-count")
-    await sandbox.tools.bash("rm -f /tmp/raas-loop-count")
+    call = tool_call("bash", command="echo x >> loop-count && wc -l < loop-count")
+    await sandbox.tools.bash("rm -f loop-count")
     async with scripted_policy(tokenizer, [call] * 5) as (server, llm, _):
         out = await run_agent(
             make_job(), sandbox, llm, TOOLS, AgentConfig(loop_detection_repeats=3), user_prompt="q"
         )
     assert out.finish_reason == "loop_detected"
     assert len(server.requests) == 3
-    assert (await sandbox.tools.bash("wc -l < /tmp/raas-loop-count")).output.strip() == "2"
+    assert (await sandbox.tools.bash("wc -l < loop-count")).output.strip() == "2"
     assert_token_exact(out, server)
 
 
@@ -172,13 +172,13 @@ async def test_no_tool_call_stops_or_nudges(tokenizer: ChatTokenizer, sandbox: S
 async def test_max_turns_keeps_last_observation_out_of_the_sequence(
     tokenizer: ChatTokenizer, sandbox: Sandbox
 ) -> None:
-    texts = [tool_call("bash", command="echo one"), tool_call("bash", command="echo two > /tmp/raas-mt")]
+    texts = [tool_call("bash", command="echo one"), tool_call("bash", command="echo two > mt.txt")]
     async with scripted_policy(tokenizer, texts) as (server, llm, _):
         out = await run_agent(make_job(), sandbox, llm, TOOLS, AgentConfig(max_turns=2), user_prompt="q")
     assert out.finish_reason == "max_turns"
     assert out.messages[-1].role == "assistant"
     # The last call still ran (its side effects count for evaluation) but the policy never saw its result.
-    assert (await sandbox.tools.bash("cat /tmp/raas-mt")).output.strip() == "two"
+    assert (await sandbox.tools.bash("cat mt.txt")).output.strip() == "two"
     assert out.artifacts["unseen_observations"][0]["content"].startswith("(no output)")
     assert_token_exact(out, server)
 

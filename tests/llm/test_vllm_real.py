@@ -13,6 +13,7 @@ import json
 import math
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -492,3 +493,20 @@ def _processes_mentioning(text: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+@pytest.mark.unit
+def test_log_dirs_of_dead_launchers_are_reaped(tmp_path: Path) -> None:
+    """A launcher killed by SIGKILL cannot remove its log dir; the next start removes it (dead owner only)."""
+    from raas.llm.embedded import reap_stale_dirs
+    from raas.llm.vllm_launcher import LOG_DIR_PREFIX
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"{LOG_DIR_PREFIX}{dead.pid}-abc"
+    live = tmp_path / f"{LOG_DIR_PREFIX}{os.getppid()}-def"
+    for d in (stale, live):
+        d.mkdir()
+        (d / "vllm.log").write_text("log")
+    assert reap_stale_dirs(tmp_path, prefix=LOG_DIR_PREFIX) == [stale]
+    assert not stale.exists() and live.exists()

@@ -32,12 +32,13 @@ _LIVE: weakref.WeakSet[EmbeddedServer] = weakref.WeakSet()
 _TMP_PREFIX = "raas-llama-"
 
 
-def reap_stale_dirs(root: Path | None = None) -> list[Path]:
-    """Remove the temp dirs of embedded servers whose owning process is gone (it was SIGKILLed, so
-    neither ``stop()`` nor ``atexit`` ran; the kernel killed the server, nobody removed its dir)."""
+def reap_stale_dirs(root: Path | None = None, prefix: str = _TMP_PREFIX) -> list[Path]:
+    """Remove the temp dirs (named ``<prefix><owner pid>-...``) of model servers whose owning process is
+    gone (it was SIGKILLed, so neither ``stop()`` nor ``atexit`` ran; the kernel killed the server, nobody
+    removed its dir)."""
     removed = []
-    for path in Path(root or tempfile.gettempdir()).glob(f"{_TMP_PREFIX}*-*"):
-        owner = path.name[len(_TMP_PREFIX) :].split("-", 1)[0]
+    for path in Path(root or tempfile.gettempdir()).glob(f"{prefix}*-*"):
+        owner = path.name[len(prefix) :].split("-", 1)[0]
         if not owner.isdigit() or int(owner) == os.getpid():
             continue
         try:

@@ -28,9 +28,12 @@ from typing import BinaryIO
 import httpx
 
 from raas.errors import RaasError
+from raas.llm.embedded import reap_stale_dirs
 from raas.llm.models import raas_home
 
 VLLM_MODEL_DIR_NAME = "smollm2-135m-instruct-safetensors"
+LOG_DIR_PREFIX = "raas-vllm-"
+"""Log dirs are ``<tmp>/raas-vllm-<owner pid>-*``, so a later start removes those of dead owners."""
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 
 # Leads the process group, runs vLLM as its child, and kills the group once raas is gone (its stdin,
@@ -238,7 +241,8 @@ class VLLMServer:
             )
         if self.port is None:
             self.port = _free_port(self.host)
-        self._log_dir = tempfile.TemporaryDirectory(prefix="raas-vllm-")
+        reap_stale_dirs(prefix=LOG_DIR_PREFIX)  # log dirs of launchers that were SIGKILLed
+        self._log_dir = tempfile.TemporaryDirectory(prefix=f"{LOG_DIR_PREFIX}{os.getpid()}-")
         t0 = time.perf_counter()
         try:
             with self._open_log() as log:

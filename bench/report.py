@@ -51,7 +51,9 @@ def templating() -> str:
     if not data:
         return ""
     picks = {1, 2, 5, 10, 20, 30, 40, 50}
-    body = [[r["turn"], r["us_per_turn"], r.get("us_full_render", "")] for r in data["rows"] if r["turn"] in picks]
+    body = [
+        [r["turn"], r["us_per_turn"], r.get("us_full_render", "")] for r in data["rows"] if r["turn"] in picks
+    ]
     return (
         "### Templating cost per turn (`python bench/llm_templating.py`)\n\n"
         "CPU time to append one turn (tool result + generation prompt) at a given history length, vs a full\n"
@@ -89,7 +91,8 @@ def client_overhead() -> str:
     return (
         "### Client overhead (`python bench/llm_client_overhead.py`)\n\n"
         f"{data.get('requests')} requests of {data.get('output_tokens')} tokens against a local server: a raw "
-        "httpx call vs raas's server client vs the balancer.\n\n" + _table(["path", "median µs", "p90 µs"], body)
+        "httpx call vs raas's server client vs the balancer.\n\n"
+        + _table(["path", "median µs", "p90 µs"], body)
     )
 
 
@@ -116,7 +119,14 @@ def pipeline() -> str:
         "### Pipeline (`python bench/pipeline.py`)\n",
         "Service overhead: a trivial task, an instant test-double LLM; `none` opens no sandbox.\n",
         _table(
-            ["sandbox", "rollouts", "rollouts/s", "added latency p50 ms", "p99 ms", "INIT (sandbox start) p50 ms"],
+            [
+                "sandbox",
+                "rollouts",
+                "rollouts/s",
+                "added latency p50 ms",
+                "p99 ms",
+                "INIT (sandbox start) p50 ms",
+            ],
             body,
         ),
         "",
@@ -128,7 +138,11 @@ def pipeline() -> str:
             ["design", "LLM utilization", "rollouts/s"],
             [
                 ["raas (three pools)", data.get("llm_utilization"), data.get("rollouts_per_s")],
-                ["coupled (one pool)", data.get("coupled_llm_utilization"), data.get("coupled_rollouts_per_s")],
+                [
+                    "coupled (one pool)",
+                    data.get("coupled_llm_utilization"),
+                    data.get("coupled_rollouts_per_s"),
+                ],
             ],
         ),
         "",

@@ -224,7 +224,11 @@ class VLLMDouble(WireDouble):
                 ids = body.get("token_ids")
                 if not isinstance(ids, list):  # vLLM validates the body: 422, as for any bad request
                     return JSONResponse(
-                        {"detail": [{"type": "missing", "loc": ["body", "token_ids"], "msg": "Field required"}]},
+                        {
+                            "detail": [
+                                {"type": "missing", "loc": ["body", "token_ids"], "msg": "Field required"}
+                            ]
+                        },
                         status_code=422,
                     )
                 if (refusal := too_long(ids)) is not None:

@@ -10,7 +10,9 @@ class AgentConfig(BaseModel):
     max_tokens_per_turn: int = Field(512, ge=1)
     context_budget: int = Field(8192, ge=64, description="Total prompt + response tokens per trajectory.")
     stop_on_no_tool_call: bool = True
-    loop_detection_repeats: int = Field(3, ge=2, description="Stop when the same call repeats this many times.")
+    loop_detection_repeats: int = Field(
+        3, ge=2, description="Stop when the same call repeats this many times."
+    )
     observation_cap_bytes: int = Field(8000, ge=256)
     tool_timeout_s: float = Field(30.0, gt=0)
     system_prompt: str | None = None

@@ -116,9 +116,7 @@ def _threads() -> int:
     return int(os.environ.get("RAAS_TEST_LLAMA_THREADS", "1"))  # CI shares its cores with the tests
 
 
-@pytest.fixture(scope="session")
-async def llama_url() -> AsyncIterator[str]:
-    """One real llama-server with SmolLM2 for the whole session."""
+async def _llama_server() -> AsyncIterator[str]:
     server = EmbeddedServer(parallel=4, ctx_per_slot=1024, threads=_threads())
     await server.start()
     try:
@@ -126,15 +124,17 @@ async def llama_url() -> AsyncIterator[str]:
     finally:
         await server.stop()
     assert not server.running
+
+
+@pytest.fixture(scope="session")
+async def llama_url() -> AsyncIterator[str]:
+    """One real llama-server with SmolLM2 for the whole session."""
+    async for url in _llama_server():
+        yield url
 
 
 @pytest.fixture(scope="session")
 async def llama_url_b() -> AsyncIterator[str]:
     """A second real llama-server, for balancing across two."""
-    server = EmbeddedServer(parallel=4, ctx_per_slot=1024, threads=_threads())
-    await server.start()
-    try:
-        yield server.url
-    finally:
-        await server.stop()
-    assert not server.running
+    async for url in _llama_server():
+        yield url

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Callable, Dict, Iterable, List, Optional, Set
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -123,19 +123,10 @@ class Reaper:
         self._watchers.pop(pid, None)
 
     def reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            except InterruptedError:
-                continue
-            if pid == 0:
-                return
-            code = _returncode(status)
+        for pid, status in _exited_children():
             callback = self._watchers.pop(pid, None)
             if callback is not None:
-                callback(code)
+                callback(_returncode(status))
 
 
 def _returncode(status: int) -> int:
@@ -163,13 +154,20 @@ def kill_descendants_and_wait(deadline_s: float = 3.0) -> None:
     _reap_nowait()
 
 
-def _reap_nowait() -> None:
+def _exited_children() -> Iterator[Tuple[int, int]]:
+    """``(pid, status)`` of every child that has exited, without blocking."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         except InterruptedError:
             continue
         if pid == 0:
             return
+        yield pid, status
+
+
+def _reap_nowait() -> None:
+    for _ in _exited_children():
+        pass

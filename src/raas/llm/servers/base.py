@@ -192,6 +192,26 @@ def _cut_at_stop(result: GenerateResult, stop_ids: Sequence[int]) -> None:
             return
 
 
+def sampling_fields(
+    sampling: SamplingParams, max_tokens: int, *, max_tokens_key: str = "max_tokens", seed_key: str = "seed"
+) -> dict[str, Any]:
+    """The sampling dict vLLM and SGLang share; they differ only in the token-limit and seed key names."""
+    fields: dict[str, Any] = {
+        max_tokens_key: max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
+        "repetition_penalty": sampling.repetition_penalty,
+        "skip_special_tokens": False,
+    }
+    if sampling.stop_token_ids:
+        fields["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.seed is not None:
+        fields[seed_key] = sampling.seed
+    return fields
+
+
 def require(body: Any, *keys: str | int) -> Any:
     """Walk ``body[k1][k2]...`` or raise an LLMError naming the missing field."""
     cur = body

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from raas.llm.servers.base import ServerClient, require
+from raas.llm.servers.base import ServerClient, require, sampling_fields
 from raas.llm.types import GenerateResult, LLMError, SamplingParams, ServerInfo
 
 
@@ -37,19 +37,9 @@ class SGLangClient(ServerClient):
     def build_request(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, max_tokens: int
     ) -> tuple[str, dict[str, Any]]:
-        params: dict[str, Any] = {
-            "max_new_tokens": max_tokens,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "top_k": sampling.top_k,
-            "min_p": sampling.min_p,
-            "repetition_penalty": sampling.repetition_penalty,
-            "skip_special_tokens": False,
-        }
-        if sampling.stop_token_ids:
-            params["stop_token_ids"] = list(sampling.stop_token_ids)
-        if sampling.seed is not None:
-            params["sampling_seed"] = sampling.seed
+        params = sampling_fields(
+            sampling, max_tokens, max_tokens_key="max_new_tokens", seed_key="sampling_seed"
+        )
         return "/generate", {
             "input_ids": list(prompt_ids),
             "sampling_params": params,

@@ -18,25 +18,8 @@ from typing import Any, ClassVar
 
 import httpx
 
-from raas.llm.servers.base import ServerClient, int_list, require
+from raas.llm.servers.base import ServerClient, int_list, require, sampling_fields
 from raas.llm.types import GenerateResult, LLMError, SamplingParams, ServerInfo
-
-
-def _sampling_fields(sampling: SamplingParams, max_tokens: int) -> dict[str, Any]:
-    fields: dict[str, Any] = {
-        "max_tokens": max_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k,
-        "min_p": sampling.min_p,
-        "repetition_penalty": sampling.repetition_penalty,
-        "skip_special_tokens": False,
-    }
-    if sampling.stop_token_ids:
-        fields["stop_token_ids"] = list(sampling.stop_token_ids)
-    if sampling.seed is not None:
-        fields["seed"] = sampling.seed
-    return fields
 
 
 class VLLMClient(ServerClient):
@@ -79,7 +62,7 @@ class VLLMClient(ServerClient):
     ) -> tuple[str, dict[str, Any]]:
         model = self.info.model if self.info else None
         if self.endpoint == "generate":
-            params = _sampling_fields(sampling, max_tokens)
+            params = sampling_fields(sampling, max_tokens)
             params["logprobs"] = 0
             return "/inference/v1/generate", {
                 "model": model,
@@ -95,7 +78,7 @@ class VLLMClient(ServerClient):
             "echo": False,
             "stream": False,
             "n": 1,
-            **_sampling_fields(sampling, max_tokens),
+            **sampling_fields(sampling, max_tokens),
         }
         return "/v1/completions", body
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -14,7 +15,8 @@ import httpx
 import pytest
 
 from raas.errors import RaasError
-from raas.llm.embedded import EmbeddedServer, reap_stale_dirs
+from raas.llm import embedded
+from raas.llm.embedded import EmbeddedServer, ServerCrashed, reap_stale_dirs
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +45,32 @@ async def test_bad_model_is_a_typed_error_and_leaves_nothing(tmp_path: Path) -> 
     with pytest.raises(RaasError) as err:
         await srv.start()
     assert err.value.kind == "llm_unavailable" and "did not start" in err.value.message
+    assert isinstance(err.value, ServerCrashed) and err.value.signal_name is None
+    assert "exited with status" in err.value.message and "not-a-model.gguf" in err.value.message
     assert srv.proc is None and srv._tmp is None
+
+
+async def test_a_lost_port_race_is_retried_on_another_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real server cannot bind a port another process took after ``free_port`` picked it: raas
+    starts it again on a fresh port (only this failure is retried)."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    taken_port = taken.getsockname()[1]
+    picks = iter([taken_port])
+    real_free_port = embedded.free_port
+
+    def racy_free_port(host: str = "127.0.0.1") -> int:
+        return next(picks, None) or real_free_port(host)
+
+    monkeypatch.setattr(embedded, "free_port", racy_free_port)
+    try:
+        async with EmbeddedServer(parallel=1, ctx_per_slot=256, threads=1) as srv:
+            assert next(picks, None) is None and srv.port not in (None, taken_port)
+            async with httpx.AsyncClient() as http:
+                assert (await http.get(f"{srv.url}/health")).status_code == 200
+    finally:
+        taken.close()
 
 
 def test_bad_settings_are_bad_requests(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,7 +134,8 @@ def _children(pid: int) -> list[int]:
 
 _HOLDER = """
 import asyncio, sys
-from raas.llm.embedded import EmbeddedServer, reap_stale_dirs
+from raas.llm import embedded
+from raas.llm.embedded import EmbeddedServer, ServerCrashed, reap_stale_dirs
 async def main():
     srv = EmbeddedServer(parallel=1, ctx_per_slot=256, threads=1)
     await srv.start()

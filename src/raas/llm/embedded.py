@@ -43,8 +43,8 @@ CRASH_HINTS: dict[int, str] = {
         "the binary uses CPU instructions this machine does not allow: llama.cpp was built with another "
         "machine's (or the host's native) CPU flags, or the CPU advertises AMX/AVX-512 that its hypervisor "
         "does not enable. Rebuild it portably with `make install` (it rebuilds llama.cpp whenever the build "
-        "flags change), or turn off weight repacking, where AMX is used: LLAMA_ARG_REPACK=false in the "
-        "environment or --no-repack"
+        "flags change; README: 'A portable llama.cpp build'), or turn off weight repacking, where AMX is "
+        "used: LLAMA_ARG_REPACK=false in the environment or --no-repack"
     ),
     signal.SIGSEGV: (
         "a memory fault: a corrupt or truncated model file, or a broken llama.cpp build; check the model "

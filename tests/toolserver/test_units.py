@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import os
 import struct
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 import raas.toolserver as toolserver_pkg
 from raas.toolserver.bash import SentinelScanner
-from raas.toolserver.bundle import BUNDLE_PACKAGE, build_bundle
+from raas.toolserver.bundle import BUNDLE_PACKAGE, build_bundle, verify_bundle
 from raas.toolserver.output import OutputBuffer, cap_text, clean_text
 from raas.toolserver.protocol import (
     ProtocolError,
@@ -135,15 +136,38 @@ def test_in_sandbox_code_parses_as_python38(module: Path) -> None:
             assert not any(a.name.startswith("raas") for a in node.names), module.name
 
 
-def test_bundle_is_cached_by_content(tmp_path: Path) -> None:
-    first = build_bundle(tmp_path)
-    assert build_bundle(tmp_path) == first
+def test_bundle_is_fresh_compiled_and_verifiable(tmp_path: Path) -> None:
+    first, digest = build_bundle(tmp_path)
     assert (first / BUNDLE_PACKAGE / "__main__.py").is_file()
     assert (first / "ptyprocess" / "__init__.py").is_file()
+    assert any((first / BUNDLE_PACKAGE / "__pycache__").glob("*.pyc"))
     assert sorted(p.name for p in (first / BUNDLE_PACKAGE).glob("*.py")) == sorted(
         p.name for p in PACKAGE_DIR.glob("*.py")
     )
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no staging dirs left
+    assert verify_bundle(first, digest)
+    second, _ = build_bundle(tmp_path)
+    assert second != first  # every build is a fresh dir: nothing is reused unchecked
+
+
+@pytest.mark.parametrize("tamper", ["append", "pyc", "new_file", "symlink"])
+def test_tampered_bundle_fails_verification(tmp_path: Path, tamper: str) -> None:
+    bundle, digest = build_bundle(tmp_path)
+    init = bundle / BUNDLE_PACKAGE / "__init__.py"
+    if tamper == "append":
+        init.chmod(0o644)
+        with open(init, "a") as f:
+            f.write("import os; os.system('touch /tmp/pwned')\n")
+        os.utime(init, (0, 0))
+    elif tamper == "pyc":
+        pyc = next((bundle / BUNDLE_PACKAGE / "__pycache__").glob("server*.pyc"))
+        data = pyc.read_bytes()
+        pyc.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    elif tamper == "new_file":
+        (bundle / BUNDLE_PACKAGE / "sitecustomize.py").write_text("x = 1\n")
+    else:
+        (bundle / "evil").symlink_to("/etc")
+    assert not verify_bundle(bundle, digest)
 
 
 def test_in_sandbox_code_needs_at_most_python38() -> None:

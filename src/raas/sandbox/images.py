@@ -30,14 +30,21 @@ from raas.errors import RaasError
 
 # Bump when the post-processing of an image changes, so cached images are rebuilt.
 LAYOUT_VERSION = 1
-MOUNT_POINTS = (".raas/lib", ".raas/run", "workspace", "tmp")
+MOUNT_POINTS = (".raas/lib", ".raas/run", ".raas/rw", "workspace", "tmp")
 SOURCE_PREFIXES = ("docker://", "docker-archive:", "oci-archive:", "oras://", "library://")
 
 
 def image_cache_dir() -> Path:
-    """The image cache root; ``RAAS_IMAGE_CACHE`` overrides it (CI shares one between users)."""
+    """The image cache root; ``RAAS_IMAGE_CACHE`` overrides it (CI shares one between users).
+
+    Root's default is /var/cache/raas/images, not its private home: as root, sandboxes run under uids of
+    their own, which must be able to read the image."""
     env = os.environ.get("RAAS_IMAGE_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "raas" / "images"
+    if env:
+        return Path(env).expanduser()
+    if os.geteuid() == 0:
+        return Path("/var/cache/raas/images")
+    return Path.home() / ".cache" / "raas" / "images"
 
 
 @dataclass(frozen=True)

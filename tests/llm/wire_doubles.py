@@ -296,6 +296,7 @@ class HeldVLLM:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._server is not None
+        self.release.set()  # nothing stays held past the test
         self._server.close()
         for w in list(self._conns):
             w.transport.abort()

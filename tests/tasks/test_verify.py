@@ -4,6 +4,8 @@ left running, and the next verification works. Real subprocesses, checked throug
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -130,3 +132,15 @@ async def test_pathological_math_answer_is_a_verifier_timeout_not_a_reward() -> 
     assert (await score_answer("\\frac{3}{4}", "0.75"))[0] == 1.0
     await verify.shutdown()
     assert verify.default_pool().pids() == []
+
+
+async def test_an_idle_worker_killed_from_outside_is_replaced(pool: VerifierPool) -> None:
+    pid = await pool.call(f"{T}:pid", timeout_s=30)
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(3000):  # asyncio's child watcher reaps it
+        if pid not in pool.pids():
+            break
+        await asyncio.sleep(0.01)
+    assert pid not in pool.pids()
+    fresh = await pool.call(f"{T}:pid", timeout_s=30)
+    assert fresh != pid and alive(fresh)

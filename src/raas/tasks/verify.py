@@ -140,7 +140,7 @@ class VerifierPool:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.size)
         async with self._slots:
-            worker = self._idle.pop() if self._idle else await self._spawn()
+            worker = self._take_idle() or await self._spawn()
             reusable = False
             try:
                 if module not in worker.loaded:
@@ -160,6 +160,16 @@ class VerifierPool:
                     self._idle.append(worker)
                 else:
                     await self._discard(worker)
+
+    def _take_idle(self) -> _Worker | None:
+        """A live idle worker; one that died while idle (killed from outside) is dropped."""
+        while self._idle:
+            worker = self._idle.pop()
+            if worker.proc.returncode is None:
+                return worker
+            worker.kill()
+            self._workers.discard(worker)
+        return None
 
     async def _spawn(self) -> _Worker:
         env = dict(os.environ)

@@ -292,7 +292,7 @@ class LLMBalancer:
                     result = await client.generate(prompt_ids, sampling)
                     outcome = "ok"
                 except RaasError as exc:
-                    if not isinstance(exc, LLMUnavailable) and exc.kind != "llm_unavailable":
+                    if exc.kind != "llm_unavailable":  # the server is there; the request is at fault
                         raise
                     last_error = exc.message
                     self._mark_unhealthy(state, exc.message)

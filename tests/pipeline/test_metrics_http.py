@@ -47,13 +47,9 @@ async def test_a_tool_call_shows_on_the_served_metrics(tmp_path: Path) -> None:
         balancer = LLMBalancer(health_interval_s=0)
         balancer.add(policy.url)
         manager = RecordingSandboxManager(tmp_path / "sandboxes")
-        service = RolloutService(
-            ServiceConfig(state_dir=tmp_path, shutdown_grace_s=0.0),
-            sandbox_manager=manager,
-            balancer=balancer,
-            tokenizer=tok,
-        )
-        served = Served(create_app(service))
+        config = ServiceConfig(state_dir=tmp_path, shutdown_grace_s=0.0)
+        service = RolloutService(config, sandbox_manager=manager, balancer=balancer, tokenizer=tok)
+        served = Served(create_app(service), config)
         await served.start()
         try:
             async with httpx.AsyncClient(base_url=served.url, timeout=120) as client:

@@ -152,8 +152,31 @@ def pipeline() -> str:
     return "\n".join(parts)
 
 
+def verify_overhead() -> str:
+    data = _load("verify_overhead.json")
+    if not data:
+        return ""
+    rows = [
+        ["no-op", data["noop_thread"]["median_us"], data["noop_process"]["median_us"]],
+        ["math-verify check", data["math_thread"]["median_us"], data["math_process"]["median_us"]],
+    ]
+    return (
+        "### Verifier calls, thread vs killable worker (`python bench/verify_overhead.py`)\n\n"
+        f"{data.get('calls')} calls each, interleaved; a new worker's first call (spawn + sympy import) took "
+        f"{data.get('cold_start_s')} s. Load average: {data.get('machine', {}).get('load_avg_1m', '?')}.\n\n"
+        + _table(["call", "thread median µs", "worker process median µs"], rows)
+    )
+
+
 def main() -> None:
-    sections = [tools_latency(), templating(), prefix_cache(), client_overhead(), pipeline()]
+    sections = [
+        tools_latency(),
+        templating(),
+        prefix_cache(),
+        client_overhead(),
+        pipeline(),
+        verify_overhead(),
+    ]
     print("\n\n".join(s for s in sections if s))
 
 

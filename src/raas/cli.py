@@ -534,6 +534,10 @@ def serve(
     init_workers: Annotated[int | None, typer.Option()] = None,
     run_workers: Annotated[int | None, typer.Option()] = None,
     eval_workers: Annotated[int | None, typer.Option()] = None,
+    insecure: Annotated[
+        bool,
+        typer.Option(help="Serve a non-loopback --host without RAAS_API_TOKEN (anyone can submit jobs)"),
+    ] = False,
 ) -> None:
     """Serve the rollout API until SIGINT/SIGTERM, then shut down gracefully."""
     from raas.pipeline.config import ServiceConfig
@@ -552,6 +556,7 @@ def serve(
             init_workers=init_workers,
             run_workers=run_workers,
             eval_workers=eval_workers,
+            insecure=insecure or None,
         )
         if cfg.tokenizer_dir is None:
             from raas.llm.models import default_tokenizer_dir
@@ -572,7 +577,7 @@ async def _serve(cfg: Any) -> None:
     from raas.pipeline.service import RolloutService
 
     service = RolloutService(cfg)
-    console.print(f"raas: serving on http://{cfg.host}:{cfg.port}")
+    console.print(f"raas: starting, to serve on http://{cfg.host}:{cfg.port}")
     try:
         with _stop_signals_end_cleanly():
             await serve(service, host=cfg.host, port=cfg.port, log_level="info")

@@ -130,7 +130,7 @@ async def test_backpressure_answers_429_with_retry_after(make_api: APIFactory) -
         ("DELETE", "/v1/jobs/unknown-job", None, 404, "unknown-job"),
         ("GET", "/v1/jobs/unknown-job/result?wait=-1", None, 422, "wait"),
         ("GET", "/v1/nothing-here", None, 404, "not found"),
-        ("POST", "/v1/llm/servers", {"address": "ftp://x"}, 400, "http"),
+        ("POST", "/v1/llm/servers", {"address": "ftp://x"}, 422, "http"),  # the schema says http(s)
     ],
 )
 async def test_bad_input_gets_a_clear_4xx(

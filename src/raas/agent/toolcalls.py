@@ -17,9 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import Counter
-
-TOOL_CALLS = Counter("raas_tool_calls", "Tool calls read from model output", ["format", "outcome"])
+from raas.pipeline.metrics import TOOL_CALLS as TOOL_CALLS  # re-exported: counted on the served registry
+from raas.pipeline.metrics import count_tool_call
 
 _HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _FENCE = re.compile(r"^```(?:json)?\s*\n(.*?)\n?```$", re.DOTALL)
@@ -166,9 +165,9 @@ def parse_tool_calls(
     else:
         result = _parse_json(text, allowed) or ParsedOutput([], text, [], "none")
     for _ in result.calls:
-        TOOL_CALLS.labels(result.format, "ok").inc()
+        count_tool_call(result.format, "ok")
     for err in result.errors:
-        TOOL_CALLS.labels(result.format, "unknown_tool" if "unknown tool" in err else "malformed").inc()
+        count_tool_call(result.format, "unknown_tool" if "unknown tool" in err else "malformed")
     return result
 
 

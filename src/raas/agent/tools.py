@@ -1,8 +1,9 @@
 """The agent's tools: their JSON schemas (shown to the policy) and their dispatch to a sandbox's tool client.
 
-A tool failure the policy caused or can react to (bad arguments, a failing command, a timeout, a missing
-kernel) becomes an *observation* the policy reads; only failures of the infrastructure itself (the sandbox
-died, the tool server is gone) propagate as :class:`~raas.errors.RaasError` so the job is filtered.
+A tool failure the policy caused or can react to (bad arguments, a failing command, a command that ran past
+its own timeout, a missing kernel) becomes an *observation* the policy reads; failures of the infrastructure
+itself (the sandbox died, its tool server stopped answering) propagate as :class:`~raas.errors.RaasError` so
+the job is filtered. Which is which is :func:`raas.errors.is_infrastructure`'s call, not this module's.
 """
 
 from __future__ import annotations
@@ -12,15 +13,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from raas.errors import RaasError
+from raas.errors import RaasError, is_infrastructure
 from raas.pipeline.metrics import observe_tool
 
 if TYPE_CHECKING:
     from raas.sandbox import Sandbox
     from raas.sandbox.models import BashResult, IPythonResult
-
-FATAL_KINDS = frozenset({"sandbox_dead", "sandbox_start_failed", "internal", "cancelled"})
-"""Error kinds that end the job: the environment is gone, not the policy's doing."""
 
 TERMINAL_TOOLS = frozenset({"finish", "submit"})
 
@@ -262,7 +260,7 @@ class ToolSet:
             else:
                 raise RaasError(f"tool {name} has no dispatcher", kind="internal")
         except RaasError as e:
-            if e.kind in FATAL_KINDS:
+            if is_infrastructure(e.kind):
                 raise
             return Observation(
                 truncate(f"Error ({e.kind}): {e.message}", cap_bytes), is_error=True, kind=e.kind

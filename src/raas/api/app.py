@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import FrameType
@@ -12,8 +14,13 @@ import uvicorn
 from fastapi import FastAPI
 
 from raas.api import errors, native, prorl
+from raas.api.limits import HttpLimits, fit_to_fd_limit, guarded_protocol
 from raas.api.middleware import GuardMiddleware
+from raas.errors import RaasError
+from raas.pipeline.config import ServiceConfig
 from raas.pipeline.service import RolloutService
+
+log = logging.getLogger("raas.api")
 
 
 def create_app(service: RolloutService, *, manage_service: bool = True) -> FastAPI:
@@ -41,8 +48,13 @@ def create_app(service: RolloutService, *, manage_service: bool = True) -> FastA
     errors.install(app)
     app.include_router(native.router)
     app.include_router(prorl.router)
+    cfg = service.config
     app.add_middleware(
-        GuardMiddleware, max_bytes=service.config.max_request_bytes, token=service.config.token
+        GuardMiddleware,
+        max_bytes=cfg.max_request_bytes,
+        max_batch_bytes=cfg.max_batch_bytes,
+        body_timeout_s=cfg.http_body_timeout_s,
+        token=cfg.token,
     )
     return app
 
@@ -61,18 +73,81 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def server_config(
+    app: FastAPI,
+    config: ServiceConfig,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    log_level: str = "info",
+    fit_fd_limit: bool = True,
+) -> uvicorn.Config:
+    """The uvicorn settings every raas server runs with: the header deadline and connection cap of
+    :mod:`raas.api.limits`, the keep-alive timeout and a graceful-stop timeout from ``config``.
+    ``fit_fd_limit`` raises this process's open-file limit for the cap (or lowers the cap to fit)."""
+    limits = HttpLimits(
+        header_timeout_s=config.http_header_timeout_s, max_connections=config.http_max_connections
+    )
+    if fit_fd_limit:
+        limits = fit_to_fd_limit(limits)
+    return uvicorn.Config(
+        app,
+        host=host or config.host,
+        port=config.port if port is None else port,
+        http=guarded_protocol(limits),
+        lifespan="on",
+        log_level=log_level,
+        access_log=False,
+        timeout_keep_alive=config.http_keep_alive_s,  # type: ignore[arg-type]  # any number works
+        timeout_graceful_shutdown=int(config.shutdown_grace_s) + 5,
+        backlog=min(2048, limits.max_sockets),
+    )
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` is reachable only from this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # any other name may resolve to a public address
+
+
+def check_exposure(config: ServiceConfig, host: str) -> None:
+    """Refuse to serve a non-loopback address without a bearer token unless ``insecure`` says so: the API
+    runs jobs whose handlers execute code, so an open port is an open door."""
+    if is_loopback(host) or config.token():
+        return
+    if not config.insecure:
+        raise RaasError(
+            f"refusing to serve {host} without an API token: anyone who can reach it could submit jobs. "
+            "Set RAAS_API_TOKEN (or api_token in the config), or pass --insecure (insecure = true) to "
+            "serve it without one",
+            kind="bad_request",
+        )
+    log.warning(
+        "serving %s WITHOUT an API token (--insecure): anyone who can reach it can submit jobs; "
+        "set RAAS_API_TOKEN to require one",
+        host,
+    )
+
+
 async def serve(
     service: RolloutService, *, host: str | None = None, port: int | None = None, log_level: str = "info"
 ) -> None:
-    """Serve ``service`` over HTTP until SIGINT/SIGTERM, then shut it down gracefully."""
+    """Serve ``service`` over HTTP until SIGINT/SIGTERM, then shut it down gracefully.
+
+    Every way of serving raas (``raas serve``, ``python -m raas.api``) comes through here. The service is
+    started before anything listens, so an unusable ledger or state dir ends the call with its typed
+    error (no server, no traceback) rather than with a server that answers 500."""
     host = host or service.config.host
-    port = service.config.port if port is None else port
-    config = uvicorn.Config(
-        create_app(service),
-        host=host,
-        port=port,
-        log_level=log_level,
-        access_log=False,
-        timeout_graceful_shutdown=int(service.config.shutdown_grace_s) + 5,
-    )
-    await _Server(config, service).serve()
+    check_exposure(service.config, host)
+    await service.start()
+    try:
+        # The app's lifespan shuts the service down inside uvicorn's own shutdown: uvicorn re-raises the
+        # stop signal once it returns, so nothing after ``serve()`` is sure to run.
+        config = server_config(create_app(service), service.config, host=host, port=port, log_level=log_level)
+        await _Server(config, service).serve()
+    finally:
+        await service.shutdown()  # a no-op after a normal stop; closes the service if uvicorn never ran

@@ -85,8 +85,31 @@ class ServiceConfig(BaseModel):
     max_attempts: int = Field(3, ge=1, description="Restarts a retry_on_restart job may survive")
 
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")
+    max_instance_bytes: int = Field(
+        1024 * 1024,
+        ge=1024,
+        description="Larger job instances (as JSON) get 413; pending jobs stay in memory",
+    )
+    max_batch_jobs: int = Field(1024, ge=1, description="Batches with more jobs get 413")
+    max_batch_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="Larger batch bodies (POST /v1/jobs:batch) get 413"
+    )
     max_wait_s: float = Field(300.0, gt=0, description="Longest long-poll a request may ask for")
     api_token: str | None = Field(None, description="Bearer token; RAAS_API_TOKEN overrides when set")
+    insecure: bool = Field(
+        False, description="Allow serving a non-loopback address without a token (anyone there can submit)"
+    )
+
+    http_header_timeout_s: float = Field(
+        10.0, gt=0, description="A connection must send complete request headers within this time"
+    )
+    http_body_timeout_s: float = Field(
+        120.0, gt=0, description="A request body must arrive within this time (else 408)"
+    )
+    http_keep_alive_s: float = Field(30.0, gt=0, description="Idle keep-alive connections close after this")
+    http_max_connections: int = Field(
+        2048, ge=8, description="Open connections; over it the longest-idle one is closed, or a 503 is sent"
+    )
 
     extra_handlers: dict[str, str] = Field(
         default_factory=dict, description="data_source -> 'module:Class' task handlers to register at start"

@@ -390,7 +390,8 @@ class Sandbox(ABC):
     async def _spawn(self, spec: LaunchSpec) -> None:
         env = dict(spec.env)
         env[procs.ENV_KEY] = self.id
-        argv, pass_fds = list(spec.argv), ()
+        argv: list[str] = list(spec.argv)
+        pass_fds: tuple[int, ...] = ()
         args_fd = -1
         if spec.args_via_fd:
             # The runtime reads its options (everything before "--") from a memfd: no process shows a
@@ -610,4 +611,5 @@ def backend_class(name: str) -> type[Sandbox]:
             f"unknown sandbox backend {name!r}; known: {', '.join(BACKENDS)}", kind="bad_request"
         ) from None
     module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+    backend: type[Sandbox] = getattr(importlib.import_module(module), cls)
+    return backend

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import builtins
 import contextlib
 import fcntl
 import hashlib
@@ -295,7 +296,7 @@ class SandboxManager:
                 d.rmdir()
 
     # ---- reaping -------------------------------------------------------------------------------------
-    async def reap_stale(self) -> list[str]:
+    async def reap_stale(self) -> builtins.list[str]:
         """Reap sandboxes that a dead previous run of this state dir left behind; returns their ids."""
         return await asyncio.to_thread(self._reap_stale_sync)
 
@@ -308,8 +309,8 @@ class SandboxManager:
             return True  # ours
         return procs.is_same_process(pid, start)
 
-    def _reap_stale_sync(self) -> list[str]:
-        reaped: list[str] = []
+    def _reap_stale_sync(self) -> builtins.list[str]:
+        reaped: builtins.list[str] = []
         lock_fd = os.open(self.state_dir / ".reap.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)

@@ -95,7 +95,7 @@ class _CapData(ctypes.Structure):
 _libc = None
 
 
-def libc():  # type: ignore[no-untyped-def]
+def libc() -> ctypes.CDLL:
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
@@ -333,85 +333,88 @@ def clean_environment() -> None:
 # -- entry point -----------------------------------------------------------------------------------
 
 
-def parse(argv: List[str]) -> Tuple[Dict[str, object], List[str]]:
+class BootOptions:
+    """What the host asked the boot step to set up (parsed from the command line)."""
+
+    def __init__(self) -> None:
+        self.mount_ns = False
+        self.disk_mb = None  # type: Optional[int]
+        self.area = None  # type: Optional[str]
+        self.binds = []  # type: List[Tuple[str, str, bool]]
+        self.populate = []  # type: List[str]
+        self.ptys = None  # type: Optional[int]
+        self.listen = None  # type: Optional[str]
+        self.readonly = []  # type: List[str]
+        self.readonly_rest = False
+        self.rlimits = []  # type: List[Tuple[str, int]]
+        self.drop_caps = False
+
+
+def parse(argv: List[str]) -> Tuple[BootOptions, List[str]]:
     """Options up to ``--``; the rest are the tool server's arguments."""
     if "--" not in argv:
         raise SetupError("usage: boot [options] -- <server args>")
     i = argv.index("--")
-    opts: Dict[str, object] = {
-        "mount_ns": False,
-        "disk_mb": None,
-        "area": None,
-        "binds": [],
-        "populate": [],
-        "ptys": None,
-        "listen": None,
-        "readonly": [],
-        "readonly_rest": False,
-        "rlimits": [],
-        "drop_caps": False,
-    }
+    opts = BootOptions()
     it = iter(argv[:i])
     for flag in it:
         if flag == "--mount-ns":
-            opts["mount_ns"] = True
+            opts.mount_ns = True
         elif flag == "--drop-caps":
-            opts["drop_caps"] = True
+            opts.drop_caps = True
         elif flag == "--readonly-rest":
-            opts["readonly_rest"] = True
+            opts.readonly_rest = True
         else:
             try:
                 value = next(it)
             except StopIteration:
                 raise SetupError("%s needs a value" % flag) from None
             if flag == "--area":
-                opts["area"] = value
+                opts.area = value
             elif flag == "--disk-mb":
-                opts["disk_mb"] = int(value)
+                opts.disk_mb = int(value)
             elif flag in ("--bind", "--bind-if"):
                 name, _, dest = value.partition(":")
                 if not name or "/" in name or not dest.startswith("/"):
                     raise SetupError("%s wants NAME:/ABS/DEST, got %r" % (flag, value))
-                opts["binds"].append((name, dest, flag == "--bind-if"))  # type: ignore[attr-defined]
+                opts.binds.append((name, dest, flag == "--bind-if"))
             elif flag == "--populate":
-                opts["populate"].append(value)  # type: ignore[attr-defined]
+                opts.populate.append(value)
             elif flag == "--ptys":
-                opts["ptys"] = int(value)
+                opts.ptys = int(value)
             elif flag == "--listen":
-                opts["listen"] = value
+                opts.listen = value
             elif flag == "--readonly":
-                opts["readonly"].append(value)  # type: ignore[attr-defined]
+                opts.readonly.append(value)
             elif flag == "--rlimit":
                 name, _, num = value.partition("=")
-                opts["rlimits"].append((name, int(num)))  # type: ignore[attr-defined]
+                opts.rlimits.append((name, int(num)))
             else:
                 raise SetupError("unknown option %s" % flag)
     return opts, argv[i + 1 :]
 
 
-def setup(opts: Dict[str, object]) -> Optional[int]:
+def setup(opts: BootOptions) -> Optional[int]:
     """Run every set-up step in order; returns the listening fd (if one was asked for)."""
-    if opts["mount_ns"]:
+    if opts.mount_ns:
         new_mount_namespace()
-    area = opts["area"]
-    writable: List[str] = []
-    if area is not None:
-        mount_writable_area(str(area), opts["disk_mb"])  # type: ignore[arg-type]
-        writable.append(str(area))
-        populated = set(opts["populate"])  # type: ignore[arg-type]
-        for name, dest, optional in opts["binds"]:  # type: ignore[attr-defined]
-            if bind_writable(str(area), name, dest, dest in populated, optional):
+    writable = []  # type: List[str]
+    if opts.area is not None:
+        mount_writable_area(opts.area, opts.disk_mb)
+        writable.append(opts.area)
+        for name, dest, optional in opts.binds:
+            if bind_writable(opts.area, name, dest, dest in opts.populate, optional):
                 writable.append(dest)
-    if opts["ptys"] is not None:
-        mount_devpts(int(opts["ptys"]))  # type: ignore[arg-type]
-    fd = listen_unix(str(opts["listen"])) if opts["listen"] else None
-    for path in opts["readonly"]:  # type: ignore[attr-defined]
+    if opts.ptys is not None:
+        mount_devpts(opts.ptys)
+    fd = listen_unix(opts.listen) if opts.listen else None
+    for path in opts.readonly:
         remount_readonly(path)
-    if opts["readonly_rest"]:
+    if opts.readonly_rest:
         readonly_rest(writable)
-    set_rlimits(opts["rlimits"])  # type: ignore[arg-type]
+    set_rlimits(opts.rlimits)
     clean_environment()
-    if opts["drop_caps"]:
+    if opts.drop_caps:
         drop_all_capabilities()
     not_dumpable()
     return fd

@@ -34,10 +34,10 @@ from typing import Any, ClassVar
 
 import httpx
 
-from raas.agent.trajectory import EvalOutput, RunOutput, TokenTrajectory
+from raas.core.jobs import JobRequest
+from raas.core.trajectory import EvalOutput, RunOutput, TokenTrajectory
 from raas.llm import LLMBalancer, SamplingParams
 from raas.pipeline.config import ServiceConfig
-from raas.pipeline.jobs import JobRequest
 from raas.pipeline.service import RolloutService
 from raas.sandbox import SandboxConfig, SandboxManager
 from raas.sandbox.images import image_cache_dir

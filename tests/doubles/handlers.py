@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, ClassVar
 
-from raas.agent.trajectory import EvalOutput, Message, RunOutput, TokenTrajectory, Turn
+from raas.core.trajectory import EvalOutput, Message, RunOutput, TokenTrajectory, Turn
 from raas.errors import RaasError
 from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
 

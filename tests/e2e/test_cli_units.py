@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from raas.cli import choose_sandbox, listen_socket, make_jobs, summarize
-from raas.pipeline.jobs import JobRequest
+from raas.core.jobs import JobRequest
 
 pytestmark = pytest.mark.unit
 

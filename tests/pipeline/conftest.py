@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from raas.core.jobs import JobRequest, is_terminal
 from raas.pipeline.config import ServiceConfig
-from raas.pipeline.jobs import JobRequest, is_terminal
 from raas.pipeline.service import RolloutService
 from raas.sandbox import SandboxManager, procs
 from raas.tasks import registry

@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
+from raas.core.jobs import JobRequest
 from raas.errors import RaasError
-from raas.pipeline.jobs import JobRequest
 from raas.pipeline.service import NotAccepting, Overloaded
 from raas.sandbox import procs
 from tests.pipeline.conftest import ServiceFactory, reach, script, submit

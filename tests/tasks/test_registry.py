@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from raas.agent.trajectory import EvalOutput, RunOutput
+from raas.core.trajectory import EvalOutput, RunOutput
 from raas.errors import RaasError
 from raas.tasks import registry
 from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
@@ -60,7 +60,7 @@ def plugin_dist(tmp_path: Path) -> Iterator[Path]:
     """An installed distribution (dist-info on sys.path) declaring ``raas.tasks`` entry points."""
     pkg = tmp_path / "raas_plugin_demo.py"
     pkg.write_text(
-        "from raas.agent.trajectory import EvalOutput, RunOutput\n"
+        "from raas.core.trajectory import EvalOutput, RunOutput\n"
         "from raas.tasks.base import Env, TaskHandler\n"
         "class Demo(TaskHandler):\n"
         "    name = 'demo'\n"

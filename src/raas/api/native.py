@@ -22,8 +22,8 @@ from raas.api.models import (
     ServersResponse,
     error_responses,
 )
+from raas.core.jobs import JOB_ID_PATTERN, JobInfo, JobRequest, JobResult, SubmitResponse
 from raas.errors import RaasError
-from raas.pipeline.jobs import JOB_ID_PATTERN, JobInfo, JobRequest, JobResult, SubmitResponse
 from raas.pipeline.service import RolloutService
 
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="The job's id")]
@@ -295,7 +295,7 @@ async def healthz(request: Request) -> OkResponse:
 async def metrics_endpoint(request: Request) -> Response:
     from prometheus_client import CONTENT_TYPE_LATEST
 
-    from raas.pipeline import metrics
+    from raas.core import metrics
 
     body = metrics.render(service_of(request).gauges)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -30,8 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from raas.api.errors import error_body
 from raas.api.models import BODY_ERRORS, ProcessFailure, StatusResponse, error_responses
 from raas.api.native import _call, balancer_of, check_job_sizes, normalize_address, service_of
+from raas.core.jobs import JobRequest, JobResult, valid_job_id
 from raas.errors import RaasError
-from raas.pipeline.jobs import JobRequest, JobResult, valid_job_id
 from raas.pipeline.service import RolloutService
 
 NOT_RUNNING = "Server is not running. Please start the server first."

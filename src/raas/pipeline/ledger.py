@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from raas.core.jobs import TERMINAL, ErrorInfo, JobInfo, JobResult, Timing
 from raas.errors import RaasError
 from raas.pipeline import ledger_integrity as integrity
-from raas.pipeline.jobs import TERMINAL, ErrorInfo, JobInfo, JobResult, Timing
 from raas.pipeline.ledger_integrity import LedgerCorrupt
 
 __all__ = ["Ledger", "LedgerCorrupt", "LedgerJob", "Recovery"]

@@ -28,13 +28,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from raas.agent.config import AgentConfig
-from raas.agent.trajectory import EvalOutput, RunOutput, TokenTrajectory
-from raas.errors import RaasError
-from raas.llm import ChatTokenizer, LLMBalancer
-from raas.pipeline import metrics
-from raas.pipeline.config import ServiceConfig, agent_overrides
-from raas.pipeline.events import EventBus, Subscription
-from raas.pipeline.jobs import (
+from raas.core import metrics
+from raas.core.jobs import (
     QUEUED_FOR,
     STAGES,
     ErrorInfo,
@@ -47,6 +42,11 @@ from raas.pipeline.jobs import (
     Timing,
     new_job_id,
 )
+from raas.core.trajectory import EvalOutput, RunOutput, TokenTrajectory
+from raas.errors import RaasError
+from raas.llm import ChatTokenizer, LLMBalancer
+from raas.pipeline.config import ServiceConfig, agent_overrides
+from raas.pipeline.events import EventBus, Subscription
 from raas.pipeline.ledger import Ledger, LedgerJob
 from raas.sandbox import SandboxConfig, SandboxManager, config_from_dict
 from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
@@ -665,8 +665,6 @@ class RolloutService:
                 await self._abort(a, stage, _wrong_type(stage, "RunOutput", value))
                 return
             a.run_output = value
-            for turn in value.turns:  # per-call LLM latency, as the agent loop measured it
-                metrics.observe_llm(turn.server or "unknown", turn.latency_s)
             assert a.env is not None
             a.env.run_output = value
             a.env.sandbox = None

@@ -144,7 +144,7 @@ async def service_in_process(config: Any, **layers: Any) -> AsyncIterator[str]:
             yield f"http://127.0.0.1:{port}"
         finally:
             # End the event streams first: an open SSE connection would hold uvicorn's graceful stop.
-            service.bus.close()
+            service.close_event_streams()
             server.should_exit = True
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(task, 15)

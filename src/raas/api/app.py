@@ -69,7 +69,7 @@ class _Server(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         with contextlib.suppress(RuntimeError):
-            asyncio.get_running_loop().call_soon_threadsafe(self._service.bus.close)
+            asyncio.get_running_loop().call_soon_threadsafe(self._service.close_event_streams)
         super().handle_exit(sig, frame)
 
 

@@ -78,18 +78,6 @@ def check_job_sizes(request: Request, jobs: list[JobRequest], *, batch: bool) ->
             )
 
 
-def balancer_of(service: RolloutService) -> Any:
-    if service.balancer is None:
-        raise RaasError("the LLM layer is not available in this service", kind="unavailable", stage="api")
-    return service.balancer
-
-
-async def _call(value: Any) -> Any:
-    if asyncio.iscoroutine(value):
-        return await value
-    return value
-
-
 router = APIRouter(responses=error_responses(500, 503))
 
 
@@ -218,9 +206,8 @@ async def list_servers(request: Request) -> ServersResponse:
 )
 async def add_server(body: AddServerRequest, request: Request) -> ServersResponse:
     service = service_of(request)
-    balancer = balancer_of(service)
-    await _call(
-        balancer.add(normalize_address(body.address), weight_version=body.weight_version, kind=body.kind)
+    service.add_llm_server(
+        normalize_address(body.address), weight_version=body.weight_version, kind=body.kind
     )
     return ServersResponse(servers=service.llm_servers())
 
@@ -237,12 +224,7 @@ async def remove_server(
     request: Request,
 ) -> ServersResponse:
     service = service_of(request)
-    balancer = balancer_of(service)
-    target = normalize_address(unquote(address))
-    known = {str(s.get("address", "")).rstrip("/") for s in service.llm_servers()}
-    if target not in known:
-        raise RaasError(f"no LLM server {target!r}", kind="not_found", stage="api")
-    await _call(balancer.remove(target))
+    service.remove_llm_server(normalize_address(unquote(address)))
     return ServersResponse(servers=service.llm_servers())
 
 
@@ -252,7 +234,7 @@ async def remove_server(
     responses=error_responses(*BODY_ERRORS, 401, 503, _503="No LLM layer"),
 )
 async def clear_servers(request: Request) -> OkResponse:
-    await _call(balancer_of(service_of(request)).clear())
+    service_of(request).clear_llm_servers()
     return OkResponse(detail="cleared")
 
 

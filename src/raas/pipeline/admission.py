@@ -69,14 +69,17 @@ class Admission:
             raise NotAccepting(f"the service is {state}", stage="api")
 
     def validate(self, request: JobRequest) -> TaskHandler:
-        """The handler for the request's instance, or ``bad_request`` saying what is wrong."""
-        handler = self.layers.handler_for(str(request.instance.get("data_source")))
+        """The handler for the request's instance, or ``bad_request`` saying what is wrong: an unknown
+        data_source, an instance the handler rejects, or a handler this service cannot run."""
+        data_source = str(request.instance.get("data_source"))
+        handler = self.layers.handler_for(data_source)
         try:
             handler.validate_instance(request.instance)
         except RaasError as exc:
             raise RaasError(exc.message, kind="bad_request", stage="api") from exc
         except Exception as exc:
             raise RaasError(f"invalid instance: {exc}", kind="bad_request", stage="api") from exc
+        self.layers.check_can_run(data_source, handler)
         return handler
 
     def _overloaded(self, wanted: int) -> Overloaded:

@@ -71,7 +71,7 @@ class Layers:
         if self.tokenizer is None and self.config.tokenizer_dir is not None:
             self.tokenizer = await asyncio.to_thread(ChatTokenizer.from_pretrained, self.config.tokenizer_dir)
         if self.tokenizer is None:
-            needing = [n for n in self.handlers.names() if self._needs_tokenizer(n)]
+            needing = sorted(n for n, cls in self.handlers.classes().items() if cls.needs_tokenizer)
             if needing:
                 log.warning(
                     "no chat tokenizer: jobs for %s will be refused at submit; %s",
@@ -92,15 +92,8 @@ class Layers:
 
     # -- handlers ----------------------------------------------------------------------------------------
 
-    def _needs_tokenizer(self, name: str) -> bool:
-        try:
-            return bool(self.handlers.get(name).needs_tokenizer)
-        except RaasError:
-            return False
-
     def handler_for(self, data_source: str) -> TaskHandler:
-        """The handler for ``data_source``, or ``bad_request`` (unknown, broken, or needing a tokenizer
-        this service does not have)."""
+        """The handler for ``data_source``, or ``bad_request`` (unknown or broken)."""
         try:
             handler = self.handlers.get(data_source)
         except RaasError as exc:
@@ -109,6 +102,10 @@ class Layers:
             raise RaasError(
                 f"unknown data_source {data_source!r}: {exc}", kind="bad_request", stage="api"
             ) from exc
+        return handler
+
+    def check_can_run(self, data_source: str, handler: TaskHandler) -> None:
+        """``bad_request`` when ``handler`` needs a chat tokenizer and this service has none."""
         if handler.needs_tokenizer and self.tokenizer is None:
             raise RaasError(
                 f"data_source {data_source!r} ({type(handler).__module__}.{type(handler).__qualname__}) "
@@ -116,7 +113,6 @@ class Layers:
                 kind="bad_request",
                 stage="api",
             )
-        return handler
 
     def policy_for(self, data_source: str, handler: TaskHandler) -> StagePolicy:
         """The handler's stage policy, overridden by ``handler_policies[data_source]``, with the

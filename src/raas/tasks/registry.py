@@ -108,9 +108,13 @@ class HandlerRegistry:
 
     def names(self) -> list[str]:
         """Names of every handler that can be looked up."""
+        return sorted(self.classes())
+
+    def classes(self) -> dict[str, type[TaskHandler]]:
+        """Every handler class by name (none is instantiated)."""
         self._ensure()
         with self._lock:
-            return sorted(self._classes)
+            return dict(self._classes)
 
     def get(self, data_source: str) -> TaskHandler:
         """The handler instance for ``data_source``; ``bad_request`` when unknown or unavailable."""

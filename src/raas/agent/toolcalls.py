@@ -179,7 +179,8 @@ def _names(tools: Iterable[str] | Iterable[dict[str, Any]] | None) -> set[str] |
         if isinstance(t, str):
             names.add(t)
         elif isinstance(t, dict):
-            fn = t.get("function") if isinstance(t.get("function"), dict) else t
+            inner = t.get("function")
+            fn: dict[str, Any] = inner if isinstance(inner, dict) else t
             if isinstance(fn.get("name"), str):
                 names.add(fn["name"])
     return names

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 from urllib.parse import unquote
 
@@ -31,7 +31,8 @@ SSE_HEARTBEAT_S = 15.0
 
 
 def service_of(request: Request) -> RolloutService:
-    return request.app.state.service  # type: ignore[no-any-return]
+    service: RolloutService = request.app.state.service
+    return service
 
 
 def normalize_address(address: str) -> str:
@@ -51,7 +52,7 @@ def json_size(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
-def check_job_sizes(request: Request, jobs: list[JobRequest], *, batch: bool) -> None:
+def check_job_sizes(request: Request, jobs: Sequence[JobRequest], *, batch: bool) -> None:
     """413 for a batch over ``max_batch_jobs`` or an instance over ``max_instance_bytes``: every accepted
     job is held in memory until it ends, so the cap on what one job may carry bounds the service's RSS.
     Instances are measured only when the body is larger than the cap (a smaller body cannot hold one)."""

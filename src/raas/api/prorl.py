@@ -68,7 +68,8 @@ class ProRLGate:
 
 
 def gate_of(request: Request) -> ProRLGate:
-    return request.app.state.prorl  # type: ignore[no-any-return]
+    gate: ProRLGate = request.app.state.prorl
+    return gate
 
 
 def _detail(status: int, message: str, kind: str, extra: dict[str, Any] | None = None) -> JSONResponse:

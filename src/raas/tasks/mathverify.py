@@ -27,11 +27,11 @@ for _name in ("math_verify.parser", "math_verify.grader"):
 
 def verify_answer(answer: str, truth: str) -> tuple[bool, dict[str, Any]]:
     """Whether ``answer`` equals ``truth`` by math-verify, and what each parsed to."""
-    gold = parse(truth, parsing_timeout=None)  # type: ignore[arg-type]
+    gold = parse(truth, parsing_timeout=None)
     if not gold:
-        gold = parse(f"${truth}$", parsing_timeout=None)  # type: ignore[arg-type]
-    pred = parse(answer, parsing_timeout=None)  # type: ignore[arg-type]
+        gold = parse(f"${truth}$", parsing_timeout=None)
+    pred = parse(answer, parsing_timeout=None)
     if not pred and "$" not in answer and "\\boxed" not in answer:
-        pred = parse(f"${answer}$", parsing_timeout=None)  # type: ignore[arg-type]
+        pred = parse(f"${answer}$", parsing_timeout=None)
     ok = bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None)
     return ok, {"parsed_answer": [str(p) for p in pred], "parsed_truth": [str(g) for g in gold]}

@@ -6,4 +6,5 @@ import sys
 
 from raas.cli import app
 
-sys.exit(app())
+if __name__ == "__main__":
+    sys.exit(app())

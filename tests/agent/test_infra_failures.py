@@ -13,12 +13,12 @@ import pytest
 from tests.agent.scripted import make_job, scripted_policy, tool_call
 
 from raas.agent.config import AgentConfig
+from raas.agent.context import LLMContext
 from raas.agent.loop import TokenMismatch, run_agent
 from raas.agent.tools import ToolSet
 from raas.errors import is_infrastructure
 from raas.llm.tokenizer import ChatTokenizer, Conversation
 from raas.sandbox import Sandbox
-from raas.tasks.base import LLMContext
 
 pytestmark = pytest.mark.integration
 

@@ -17,6 +17,7 @@ import uvicorn
 from raas.api.app import create_app, server_config
 from raas.pipeline.config import ServiceConfig
 from raas.pipeline.service import RolloutService
+from tests.doubles.handlers import script_registry
 from tests.pipeline.conftest import (
     RecordingSandboxManager,
     assert_no_leftovers,
@@ -79,7 +80,7 @@ async def make_api(
         state = tmp_path / f"api{len(made)}"
         cfg = ServiceConfig(state_dir=state, **{"shutdown_grace_s": 0.0, **overrides})
         manager = RecordingSandboxManager(state / "sandboxes")
-        service = RolloutService(cfg, sandbox_manager=manager)
+        service = RolloutService(cfg, sandbox_manager=manager, handlers=script_registry())
         served = Served(create_app(service), cfg)
         await served.start()
         api = LiveAPI(

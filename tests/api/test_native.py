@@ -187,7 +187,7 @@ async def test_status_and_metrics(make_api: APIFactory) -> None:
     assert 'raas_stage_active{stage="eval"} 0.0' in m
     assert 'raas_stage_duration_seconds_count{outcome="error",stage="eval"}' in m
     assert 'raas_errors_total{kind="handler_error",stage="eval"}' in m
-    assert "raas_tool_latency_seconds" in m and "raas_llm_latency_seconds" in m
+    assert "raas_tool_latency_seconds" in m and "raas_llm_attempt_seconds" in m
 
 
 async def test_llm_server_management(make_api: APIFactory) -> None:
@@ -205,7 +205,7 @@ async def test_llm_server_management(make_api: APIFactory) -> None:
         assert result["turns"][0]["output_ids"] == [42, 42] and result["turns"][0]["server"] == llm.url
         assert llm.requests[0].prompt_ids == [1, 2, 3]
         scrape = (await c.get("/metrics")).text
-        assert f'raas_llm_latency_seconds_count{{ok="true",server="{llm.url}"}} 1.0' in scrape
+        assert f'raas_llm_attempt_seconds_count{{outcome="ok",server="{llm.url}"}} 1.0' in scrape
         assert (await c.post("/v1/llm:pause")).status_code == 200
         assert (await c.get("/status")).json()["llm_paused"] is True
         assert (await c.post("/v1/llm:resume")).status_code == 200

@@ -33,8 +33,7 @@ from hypothesis import HealthCheck, settings
 from raas.api.app import create_app, server_config
 from raas.pipeline.config import ServiceConfig
 from raas.pipeline.service import RolloutService
-from raas.tasks import registry
-from tests.doubles.handlers import StageScriptHandler
+from tests.doubles.handlers import script_registry
 from tests.pipeline.conftest import RecordingSandboxManager, assert_no_leftovers
 
 pytestmark = pytest.mark.integration
@@ -92,7 +91,7 @@ class ThreadedServer:
             state_dir=self.state, shutdown_grace_s=0.0, max_request_bytes=1 << 20, default_timeout_s=2.0
         )
         self.manager = RecordingSandboxManager(self.state / "sandboxes")
-        app = create_app(RolloutService(cfg, sandbox_manager=self.manager))
+        app = create_app(RolloutService(cfg, sandbox_manager=self.manager, handlers=script_registry()))
         self.server = uvicorn.Server(server_config(app, cfg, log_level="warning", fit_fd_limit=False))
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
@@ -119,7 +118,6 @@ class ThreadedServer:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedServer]:
-    registry.register(StageScriptHandler, replace=True)
     with ThreadedServer(tmp_path_factory.mktemp("fuzz")) as server:
         yield server
     assert server.manager is not None

@@ -17,7 +17,7 @@ import pytest
 from tests.agent.scripted import EOS, tool_call
 from tests.doubles.scripted_llm import Completion, ScriptedLLM, replay
 
-from raas.cli import service_in_process
+from raas.cli.inprocess import service_in_process
 from raas.llm.models import prepare_tokenizer
 from raas.llm.tokenizer import ChatTokenizer
 from raas.pipeline.config import ServiceConfig

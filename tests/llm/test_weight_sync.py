@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from raas.core import metrics
 from raas.llm import LLMBalancer, LLMUnavailable, SamplingParams
-from raas.pipeline import metrics
 from tests.doubles.scripted_llm import ScriptedLLM, fixed
 from tests.llm.wire_doubles import HeldVLLM
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from raas.pipeline import metrics
+from raas.core import metrics
+from raas.core.jobs import JobEvent
 from raas.pipeline.events import EventBus
-from raas.pipeline.jobs import JobEvent
 
 pytestmark = pytest.mark.unit
 
@@ -36,12 +36,12 @@ def test_metrics_exposition_includes_other_layers_and_gauges() -> None:
     from prometheus_client import CollectorRegistry
 
     metrics.observe_tool("bash", 0.002)
-    metrics.observe_llm("http://x:1", 0.5, ok=False)
+    metrics.observe_llm_attempt("http://x:1", 0.5, "failover")
     gauges = CollectorRegistry()
     gauges.register(metrics.StageGaugeCollector(lambda: {"run": {"queued": 3, "active": 2}}, lambda: 4))
     text = metrics.render(gauges).decode()
     assert 'raas_tool_latency_seconds_count{ok="true",tool="bash"}' in text
-    assert 'raas_llm_latency_seconds_count{ok="false",server="http://x:1"}' in text
+    assert 'raas_llm_attempt_seconds_count{outcome="failover",server="http://x:1"}' in text
     assert 'raas_stage_queued{stage="run"} 3.0' in text and 'raas_stage_active{stage="run"} 2.0' in text
     assert "raas_llm_servers 4.0" in text
 

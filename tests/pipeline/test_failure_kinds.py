@@ -19,6 +19,7 @@ from raas.pipeline.service import RolloutService
 from raas.tasks import verify
 from raas.tasks.math import MathHandler
 from tests.agent.scripted import completions, tool_call
+from tests.doubles.handlers import script_registry
 from tests.doubles.scripted_llm import ScriptedLLM, replay
 from tests.llm.wire_doubles import HeldVLLM
 from tests.pipeline.conftest import RecordingSandboxManager, assert_no_leftovers, script, submit
@@ -47,6 +48,7 @@ async def service_with(tmp_path: Path, script_handler: Any) -> AsyncIterator[Fac
             sandbox_manager=manager,
             balancer=balancer,
             tokenizer=tokenizer,
+            handlers=script_registry(),
         )
         await svc.start()
         made.append((svc, manager, balancer))

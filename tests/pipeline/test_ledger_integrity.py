@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from raas.core.jobs import JobResult
 from raas.errors import RaasError
-from raas.pipeline.jobs import JobResult
 from raas.pipeline.ledger import Ledger, LedgerCorrupt
 from raas.pipeline.ledger_integrity import identity_path, wal_path
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.unit
 
 CRASHING_WRITER = """
 import asyncio, os, signal, sys
-from raas.pipeline.jobs import JobResult
+from raas.core.jobs import JobResult
 from raas.pipeline.ledger import Ledger
 
 async def main(path: str, n: int) -> None:

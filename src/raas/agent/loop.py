@@ -20,15 +20,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from raas.agent.config import AgentConfig
+from raas.agent.context import LLMContext
 from raas.agent.toolcalls import FORMAT_HINT, parse_tool_calls
 from raas.agent.tools import Observation, ToolSet
-from raas.agent.trajectory import Message, RunOutput, TokenTrajectory, ToolCall, Turn
+from raas.core.jobs import Job
+from raas.core.trajectory import Message, RunOutput, TokenTrajectory, ToolCall, Turn
 from raas.errors import RaasError
 from raas.llm.types import SamplingParams
 
 if TYPE_CHECKING:
     from raas.sandbox import Sandbox
-    from raas.tasks.base import Job, LLMContext
 
 NUDGE = "You did not call a tool. Call a tool to continue, or call finish with your final answer."
 
@@ -155,7 +156,7 @@ async def run_agent(
     init_messages = [{"role": "system", "content": system}, {"role": "user", "content": user_prompt}]
     # The chat tokenizer renders the schemas with the template, or injects them into the system message
     # in the Hermes format when the template has no tool support.
-    conv = llm.tokenizer.conversation(init_messages, tools=tools.schemas)
+    conv = llm.require_tokenizer().conversation(init_messages, tools=tools.schemas)
 
     st = _State()
     st.add_prompt(list(conv.prompt_ids))

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from raas.pipeline.metrics import TOOL_CALLS as TOOL_CALLS  # re-exported: counted on the served registry
-from raas.pipeline.metrics import count_tool_call
+from raas.core.metrics import TOOL_CALLS as TOOL_CALLS  # re-exported: counted on the served registry
+from raas.core.metrics import count_tool_call
 
 _HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _FENCE = re.compile(r"^```(?:json)?\s*\n(.*?)\n?```$", re.DOTALL)

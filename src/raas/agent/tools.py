@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from raas.core.metrics import observe_tool
 from raas.errors import RaasError, is_infrastructure
-from raas.pipeline.metrics import observe_tool
 
 if TYPE_CHECKING:
     from raas.sandbox import Sandbox

@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from types import FrameType
 
@@ -60,16 +61,28 @@ def create_app(service: RolloutService, *, manage_service: bool = True) -> FastA
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, plus: when a stop signal arrives, end the event streams at once. Otherwise an open SSE
-    connection would hold the server's graceful shutdown for its whole timeout."""
+    """uvicorn, plus: when a stop signal arrives, end the event streams at once (otherwise an open SSE
+    connection would hold the server's graceful shutdown for its whole timeout). Without
+    ``handle_signals`` it installs no signal handlers: its owner decides when it stops."""
 
-    def __init__(self, config: uvicorn.Config, service: RolloutService) -> None:
+    def __init__(
+        self, config: uvicorn.Config, service: RolloutService, *, handle_signals: bool = True
+    ) -> None:
         super().__init__(config)
         self._service = service
+        self._handle_signals = handle_signals
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if not self._handle_signals:
+            yield
+            return
+        with super().capture_signals():
+            yield
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         with contextlib.suppress(RuntimeError):
-            asyncio.get_running_loop().call_soon_threadsafe(self._service.bus.close)
+            asyncio.get_running_loop().call_soon_threadsafe(self._service.close_event_streams)
         super().handle_exit(sig, frame)
 
 
@@ -133,14 +146,30 @@ def check_exposure(config: ServiceConfig, host: str) -> None:
     )
 
 
+def listen_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A bound TCP socket for uvicorn to serve on.
+
+    The protocol must be given as ``IPPROTO_TCP``: asyncio sets ``TCP_NODELAY`` on accepted connections
+    only when the listening socket says it is TCP, and without it every small response waits for the
+    client's delayed ACK (about 40 ms per HTTP call)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 async def serve(
     service: RolloutService, *, host: str | None = None, port: int | None = None, log_level: str = "info"
 ) -> None:
     """Serve ``service`` over HTTP until SIGINT/SIGTERM, then shut it down gracefully.
 
-    Every way of serving raas (``raas serve``, ``python -m raas.api``) comes through here. The service is
-    started before anything listens, so an unusable ledger or state dir ends the call with its typed
-    error (no server, no traceback) rather than with a server that answers 500."""
+    ``raas serve`` and ``python -m raas.api`` come through here (``raas run`` through :func:`served`).
+    The service is started before anything listens, so an unusable ledger or state dir ends the call
+    with its typed error (no server, no traceback) rather than with a server that answers 500."""
     host = host or service.config.host
     check_exposure(service.config, host)
     await service.start()
@@ -151,3 +180,50 @@ async def serve(
         await _Server(config, service).serve()
     finally:
         await service.shutdown()  # a no-op after a normal stop; closes the service if uvicorn never ran
+
+
+@asynccontextmanager
+async def served(
+    service: RolloutService,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    log_level: str = "warning",
+    fit_fd_limit: bool = True,
+) -> AsyncIterator[str]:
+    """Serve ``service`` in this event loop for the length of the block (on a free port by default) with
+    the settings of :func:`serve`, and yield its base URL. It installs no signal handlers: leaving the
+    block stops the server (event streams first), then shuts the service down."""
+    check_exposure(service.config, host)
+    await service.start()
+    sock: socket.socket | None = None
+    try:
+        sock = listen_socket(host, port)
+        port = sock.getsockname()[1]
+        config = server_config(
+            create_app(service),
+            service.config,
+            host=host,
+            port=port,
+            log_level=log_level,
+            fit_fd_limit=fit_fd_limit,
+        )
+        server = _Server(config, service, handle_signals=False)
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        try:
+            while not server.started:
+                if task.done():
+                    task.result()
+                    raise RaasError("the API server stopped during start-up", kind="internal")
+                await asyncio.sleep(0.02)
+            yield f"http://{host}:{port}"
+        finally:
+            # End the event streams first: an open SSE connection would hold uvicorn's graceful stop.
+            service.close_event_streams()
+            server.should_exit = True
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(task, 15)
+    finally:
+        if sock is not None:
+            sock.close()
+        await service.shutdown()

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from raas.errors import RaasError
-from raas.pipeline.service import Overloaded
+from raas.pipeline.admission import Overloaded
 
 STATUS_OF_KIND: dict[str, int] = {
     "bad_request": 400,

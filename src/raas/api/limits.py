@@ -103,6 +103,7 @@ def guarded_protocol(
         from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
         base = AutoHTTPProtocol
+    parent: type[asyncio.Protocol] = base
     book = ConnectionBook(limits)
     timeout_response = _raw_response(
         408,
@@ -118,8 +119,8 @@ def guarded_protocol(
         "retry-after: 1\r\n",
     )
 
-    class GuardedHTTPProtocol(base):  # type: ignore[valid-type, misc]
-        __doc__ = f"{base.__name__} with a header deadline and a connection cap (see raas.api.limits)."
+    class GuardedHTTPProtocol(parent):  # type: ignore[valid-type, misc]
+        __doc__ = f"{parent.__name__} with a header deadline and a connection cap (see raas.api.limits)."
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -223,13 +224,13 @@ def guarded_protocol(
                 self.transport.write_eof()
             self._header_timer = self.loop.call_later(REFUSAL_LINGER_S, self.transport.close)
 
-    GuardedHTTPProtocol.book = book  # type: ignore[attr-defined]
+    GuardedHTTPProtocol.book = book
     return GuardedHTTPProtocol
 
 
 def connection_book(protocol_class: type[asyncio.Protocol]) -> ConnectionBook:
     """The book of a class made by :func:`guarded_protocol` (counters for tests and benchmarks)."""
-    return protocol_class.book  # type: ignore[attr-defined, no-any-return]
+    return protocol_class.book  # type: ignore[attr-defined]
 
 
 def fit_to_fd_limit(limits: HttpLimits) -> HttpLimits:

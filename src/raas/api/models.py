@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from raas.pipeline.jobs import JobRequest, SubmitResponse
+from raas.core.jobs import JobRequest, SubmitResponse
 
 HTTP_URL_PATTERN = r"^\s*https?://[^\s/]"
 """An inference server's base URL as the API accepts it (a trailing ``/`` or ``/v1`` is fine)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 from urllib.parse import unquote
 
@@ -22,8 +22,8 @@ from raas.api.models import (
     ServersResponse,
     error_responses,
 )
+from raas.core.jobs import JOB_ID_PATTERN, JobInfo, JobRequest, JobResult, SubmitResponse
 from raas.errors import RaasError
-from raas.pipeline.jobs import JOB_ID_PATTERN, JobInfo, JobRequest, JobResult, SubmitResponse
 from raas.pipeline.service import RolloutService
 
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="The job's id")]
@@ -31,7 +31,8 @@ SSE_HEARTBEAT_S = 15.0
 
 
 def service_of(request: Request) -> RolloutService:
-    return request.app.state.service  # type: ignore[no-any-return]
+    service: RolloutService = request.app.state.service
+    return service
 
 
 def normalize_address(address: str) -> str:
@@ -51,7 +52,7 @@ def json_size(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
-def check_job_sizes(request: Request, jobs: list[JobRequest], *, batch: bool) -> None:
+def check_job_sizes(request: Request, jobs: Sequence[JobRequest], *, batch: bool) -> None:
     """413 for a batch over ``max_batch_jobs`` or an instance over ``max_instance_bytes``: every accepted
     job is held in memory until it ends, so the cap on what one job may carry bounds the service's RSS.
     Instances are measured only when the body is larger than the cap (a smaller body cannot hold one)."""
@@ -76,18 +77,6 @@ def check_job_sizes(request: Request, jobs: list[JobRequest], *, batch: bool) ->
                 kind="payload_too_large",
                 stage="api",
             )
-
-
-def balancer_of(service: RolloutService) -> Any:
-    if service.balancer is None:
-        raise RaasError("the LLM layer is not available in this service", kind="unavailable", stage="api")
-    return service.balancer
-
-
-async def _call(value: Any) -> Any:
-    if asyncio.iscoroutine(value):
-        return await value
-    return value
 
 
 router = APIRouter(responses=error_responses(500, 503))
@@ -218,9 +207,8 @@ async def list_servers(request: Request) -> ServersResponse:
 )
 async def add_server(body: AddServerRequest, request: Request) -> ServersResponse:
     service = service_of(request)
-    balancer = balancer_of(service)
-    await _call(
-        balancer.add(normalize_address(body.address), weight_version=body.weight_version, kind=body.kind)
+    service.add_llm_server(
+        normalize_address(body.address), weight_version=body.weight_version, kind=body.kind
     )
     return ServersResponse(servers=service.llm_servers())
 
@@ -237,12 +225,7 @@ async def remove_server(
     request: Request,
 ) -> ServersResponse:
     service = service_of(request)
-    balancer = balancer_of(service)
-    target = normalize_address(unquote(address))
-    known = {str(s.get("address", "")).rstrip("/") for s in service.llm_servers()}
-    if target not in known:
-        raise RaasError(f"no LLM server {target!r}", kind="not_found", stage="api")
-    await _call(balancer.remove(target))
+    service.remove_llm_server(normalize_address(unquote(address)))
     return ServersResponse(servers=service.llm_servers())
 
 
@@ -252,7 +235,7 @@ async def remove_server(
     responses=error_responses(*BODY_ERRORS, 401, 503, _503="No LLM layer"),
 )
 async def clear_servers(request: Request) -> OkResponse:
-    await _call(balancer_of(service_of(request)).clear())
+    service_of(request).clear_llm_servers()
     return OkResponse(detail="cleared")
 
 
@@ -295,7 +278,7 @@ async def healthz(request: Request) -> OkResponse:
 async def metrics_endpoint(request: Request) -> Response:
     from prometheus_client import CONTENT_TYPE_LATEST
 
-    from raas.pipeline import metrics
+    from raas.core import metrics
 
     body = metrics.render(service_of(request).gauges)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -29,9 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from raas.api.errors import error_body
 from raas.api.models import BODY_ERRORS, ProcessFailure, StatusResponse, error_responses
-from raas.api.native import _call, balancer_of, check_job_sizes, normalize_address, service_of
+from raas.api.native import check_job_sizes, normalize_address, service_of
+from raas.core.jobs import JobRequest, JobResult, valid_job_id
 from raas.errors import RaasError
-from raas.pipeline.jobs import JobRequest, JobResult, valid_job_id
 from raas.pipeline.service import RolloutService
 
 NOT_RUNNING = "Server is not running. Please start the server first."
@@ -68,7 +68,8 @@ class ProRLGate:
 
 
 def gate_of(request: Request) -> ProRLGate:
-    return request.app.state.prorl  # type: ignore[no-any-return]
+    gate: ProRLGate = request.app.state.prorl
+    return gate
 
 
 def _detail(status: int, message: str, kind: str, extra: dict[str, Any] | None = None) -> JSONResponse:
@@ -218,11 +219,11 @@ async def cancel(body: CancelRequest, request: Request) -> Any:
     responses=error_responses(*BODY_ERRORS, 401, 503, _400="Bad address", _503="No LLM layer"),
 )
 async def add_llm_server(body: LLMServerRequest, request: Request) -> StatusMessage:
-    balancer = balancer_of(service_of(request))
+    service = service_of(request)
     address = normalize_address(body.address)
-    known = {str(s.get("address", "")).rstrip("/") for s in service_of(request).llm_servers()}
+    known = {str(s.get("address", "")).rstrip("/") for s in service.llm_servers()}
     if address not in known:
-        await _call(balancer.add(address))
+        service.add_llm_server(address)
     return StatusMessage(status=f"Added LLM server address: {body.address}")
 
 
@@ -232,7 +233,7 @@ async def add_llm_server(body: LLMServerRequest, request: Request) -> StatusMess
     responses=error_responses(*BODY_ERRORS, 401, 503, _503="No LLM layer"),
 )
 async def clear_llm_server(request: Request) -> StatusMessage:
-    await _call(balancer_of(service_of(request)).clear())
+    service_of(request).clear_llm_servers()
     return StatusMessage(status="Cleared all LLM server addresses")
 
 

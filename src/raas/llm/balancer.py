@@ -29,10 +29,10 @@ from typing import Any
 
 import httpx
 
+from raas.core.metrics import observe_llm_attempt
 from raas.errors import RaasError
 from raas.llm.servers import ServerClient, detect_kind, make_client
 from raas.llm.types import GenerateResult, LLMUnavailable, SamplingParams
-from raas.pipeline.metrics import observe_llm_attempt
 
 
 @dataclass

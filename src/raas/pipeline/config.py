@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from raas.agent.config import AgentConfig
+from raas.core.policy import StagePolicy, StageTimeouts
 from raas.errors import RaasError
 
 AGENT_ALIASES: dict[str, str] = {"max_iterations": "max_turns"}
@@ -27,18 +28,19 @@ def agent_overrides(sampling_params: dict[str, Any]) -> dict[str, Any]:
     return overrides
 
 
+def agent_config_for(base: AgentConfig, sampling_params: dict[str, Any]) -> AgentConfig:
+    """``base`` with the agent settings a job's ``sampling_params`` carry; ``bad_request`` when invalid."""
+    overrides = agent_overrides(sampling_params)
+    if not overrides:
+        return base
+    try:
+        return AgentConfig.model_validate({**base.model_dump(), **overrides})
+    except ValueError as exc:
+        raise RaasError(f"invalid agent settings in sampling_params: {exc}", kind="bad_request") from exc
+
+
 def _default_home() -> Path:
     return Path(os.environ.get("RAAS_HOME") or Path.home() / ".cache" / "raas")
-
-
-class StageTimeouts(BaseModel):
-    """Per-stage ceilings in seconds (None = only the job's total budget applies)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    init: float | None = Field(None, gt=0)
-    run: float | None = Field(None, gt=0)
-    eval: float | None = Field(None, gt=0)
 
 
 class ServiceConfig(BaseModel):
@@ -69,7 +71,13 @@ class ServiceConfig(BaseModel):
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 429")
 
     default_timeout_s: float = Field(600.0, gt=0, description="Per-job budget of in-stage time")
-    stage_timeouts: StageTimeouts = Field(default_factory=StageTimeouts)
+    stage_timeouts: StageTimeouts = Field(
+        default_factory=StageTimeouts, description="Per-stage ceilings for handlers that set none"
+    )
+    handler_policies: dict[str, StagePolicy] = Field(
+        default_factory=dict,
+        description="data_source -> stage policy (stage_timeouts, max_share) overriding the handler's own",
+    )
     hook_timeout_s: float = Field(10.0, gt=0, description="Ceiling for a handler's on_error hook")
     cancel_grace_s: float = Field(5.0, gt=0, description="How long an interrupted stage may take to unwind")
     shutdown_grace_s: float = Field(10.0, ge=0, description="How long shutdown lets in-flight jobs finish")

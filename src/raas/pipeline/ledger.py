@@ -27,11 +27,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
+from raas.core.jobs import TERMINAL, ErrorInfo, JobInfo, JobResult, JobStatus, Timing
 from raas.errors import RaasError
 from raas.pipeline import ledger_integrity as integrity
-from raas.pipeline.jobs import TERMINAL, ErrorInfo, JobInfo, JobResult, Timing
 from raas.pipeline.ledger_integrity import LedgerCorrupt
 
 __all__ = ["Ledger", "LedgerCorrupt", "LedgerJob", "Recovery"]
@@ -105,7 +105,7 @@ class LedgerJob:
     def info(self) -> JobInfo:
         return JobInfo(
             job_id=self.job_id,
-            status=self.status,  # type: ignore[arg-type]
+            status=cast(JobStatus, self.status),
             data_source=self.data_source,
             instance_id=self.instance_id,
             trajectory_id=self.trajectory_id,

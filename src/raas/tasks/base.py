@@ -18,30 +18,25 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from raas.agent.config import AgentConfig
-from raas.agent.trajectory import EvalOutput, RunOutput
+from raas.agent.context import LLMContext
+from raas.core.jobs import Job
+from raas.core.policy import StagePolicy
+from raas.core.trajectory import EvalOutput, RunOutput
 
 if TYPE_CHECKING:
-    from raas.llm import ChatTokenizer, LLMBalancer
     from raas.sandbox import Sandbox, SandboxConfig, SandboxManager
 
-
-@dataclass
-class Job:
-    """A job as a handler sees it."""
-
-    job_id: str
-    instance: dict[str, Any]
-    trajectory_id: str
-    sampling_params: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def data_source(self) -> str:
-        return str(self.instance.get("data_source", ""))
-
-    @property
-    def instance_id(self) -> str:
-        return str(self.instance.get("instance_id", self.job_id))
+__all__ = [
+    "Env",
+    "EvalOutput",
+    "Job",
+    "JobSandboxes",
+    "LLMContext",
+    "RunOutput",
+    "StagePolicy",
+    "TaskHandler",
+]
+"""The handler contract in one import: what a handler subclasses, receives and returns."""
 
 
 class JobSandboxes:
@@ -70,15 +65,6 @@ class JobSandboxes:
 
 
 @dataclass
-class LLMContext:
-    """Everything the RUN stage needs to talk to the policy."""
-
-    balancer: LLMBalancer
-    tokenizer: ChatTokenizer
-    agent: AgentConfig
-
-
-@dataclass
 class Env:
     """A job's environment across stages."""
 
@@ -93,6 +79,13 @@ class TaskHandler(ABC):
     """One kind of task, registered under ``name`` (the instances' ``data_source``)."""
 
     name: ClassVar[str]
+    needs_tokenizer: ClassVar[bool] = False
+    """True when :meth:`run` reads ``llm.tokenizer`` (e.g. through :func:`raas.agent.loop.run_agent`): a
+    service without a chat tokenizer then refuses this handler's jobs at submit (400, naming the handler)
+    instead of failing each one in RUN."""
+    policy: ClassVar[StagePolicy] = StagePolicy()
+    """Per-stage timeouts and pool shares for this handler's jobs (see :class:`raas.core.policy.StagePolicy`);
+    ``ServiceConfig.handler_policies[data_source]`` overrides it setting by setting."""
 
     @abstractmethod
     async def init(self, job: Job, sandboxes: JobSandboxes) -> Env: ...

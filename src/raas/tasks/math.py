@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from raas.agent.loop import run_agent
 from raas.agent.tools import ToolSet
-from raas.agent.trajectory import EvalOutput, RunOutput
+from raas.core.trajectory import EvalOutput, RunOutput
 from raas.errors import RaasError
 from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
 from raas.tasks.verify import verify_call
@@ -74,6 +74,7 @@ class MathHandler(TaskHandler):
     """Instances: ``{"data_source": "math", "problem": str, "answer": str}`` (the DeepScaleR shape)."""
 
     name: ClassVar[str] = "math"
+    needs_tokenizer: ClassVar[bool] = True
     tools: ClassVar[list[str]] = ["ipython", "bash", "finish"]
     verify_timeout_s: ClassVar[float] = VERIFY_TIMEOUT_S
 

@@ -1,4 +1,4 @@
-"""Job requests, states and results: the records the pipeline, the ledger and the API share.
+"""Job requests, states and results: the records the pipeline, the ledger, the API and handlers share.
 
 A job moves ``queued → init → queued_run → run → queued_eval → eval`` and ends in exactly one terminal
 status (``completed``, ``failed``, ``timeout``, ``cancelled``). The result keeps the token-exact record of the
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import re
 import uuid
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from raas.agent.trajectory import Message, TokenTrajectory, Turn
+from raas.core.trajectory import Message, TokenTrajectory, Turn
 
 JobStatus = Literal[
     "queued",
@@ -147,3 +148,21 @@ class JobEvent(BaseModel):
     reward: float | None = None
     filter: bool | None = None
     error: ErrorInfo | None = None
+
+
+@dataclass
+class Job:
+    """A job as a task handler sees it."""
+
+    job_id: str
+    instance: dict[str, Any]
+    trajectory_id: str
+    sampling_params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def data_source(self) -> str:
+        return str(self.instance.get("data_source", ""))
+
+    @property
+    def instance_id(self) -> str:
+        return str(self.instance.get("instance_id", self.job_id))

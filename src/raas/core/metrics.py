@@ -1,9 +1,9 @@
 """Prometheus metrics for raas: one process-wide registry any layer may record into.
 
-This module imports nothing else from raas, so the agent loop, the LLM balancer and the sandbox client can
-call :func:`observe_tool` / :func:`observe_llm_attempt` without pulling in the pipeline. Per-service gauges
-(queue depth, active jobs) are read at scrape time by :class:`StageGaugeCollector` instead of being pushed.
-Every raas metric lives on :data:`REGISTRY`, the registry ``/metrics`` serves; none on prometheus_client's
+It lives in :mod:`raas.core` and imports nothing else from raas, so the agent loop and the LLM balancer
+record into it (:func:`observe_tool`, :func:`observe_llm_attempt`) without importing the pipeline above
+them. Per-service gauges (queue depth, active jobs) are read at scrape time by
+:class:`StageGaugeCollector` instead of being pushed. Every raas metric lives on :data:`REGISTRY`, the registry ``/metrics`` serves; none on prometheus_client's
 default registry, which ``/metrics`` does not show.
 """
 
@@ -41,13 +41,6 @@ TOOL_LATENCY = Histogram(
     buckets=_CALL_BUCKETS,
     registry=REGISTRY,
 )
-LLM_LATENCY = Histogram(
-    "raas_llm_latency_seconds",
-    "Latency of the generate calls recorded as turns of a finished RUN stage",
-    ["server", "ok"],
-    buckets=_CALL_BUCKETS,
-    registry=REGISTRY,
-)
 LLM_ATTEMPT = Histogram(
     "raas_llm_attempt_seconds",
     "Latency of every attempt the LLM balancer sent to a server, by outcome (ok, failover, error, cancelled)",
@@ -80,11 +73,6 @@ def observe_queue_wait(stage: str, seconds: float) -> None:
 def observe_tool(tool: str, seconds: float, ok: bool = True) -> None:
     """Record one tool call (``tool`` like ``bash`` or ``ipython``)."""
     TOOL_LATENCY.labels(tool=tool, ok=str(ok).lower()).observe(seconds)
-
-
-def observe_llm(server: str, seconds: float, ok: bool = True) -> None:
-    """Record one generate call against ``server`` (its base URL)."""
-    LLM_LATENCY.labels(server=server, ok=str(ok).lower()).observe(seconds)
 
 
 def observe_llm_attempt(server: str, seconds: float, outcome: str) -> None:

@@ -178,7 +178,9 @@ def host_ptys() -> int:
 
 
 @ISOLATED
-async def test_pty_exhaustion_stays_inside(sandbox_manager: SandboxManager, sandbox_config: SandboxConfig) -> None:
+async def test_pty_exhaustion_stays_inside(
+    sandbox_manager: SandboxManager, sandbox_config: SandboxConfig
+) -> None:
     cfg = sandbox_config.model_copy(update={"max_ptys": 16})
     async with sandbox_manager.sandbox(cfg, owner="attacker") as hog:
         before = host_ptys()
@@ -206,7 +208,12 @@ async def test_disk_cap_covers_every_writable_dir(
         )
         assert "No space left on device" in out
         total_mb = int(
-            (await sh(sb, "du -smc /workspace/fill /tmp/fill /root/fill /var/tmp/fill /dev/shm/fill 2>/dev/null | tail -1")).split()[0]
+            (
+                await sh(
+                    sb,
+                    "du -smc /workspace/fill /tmp/fill /root/fill /var/tmp/fill /dev/shm/fill 2>/dev/null | tail -1",
+                )
+            ).split()[0]
         )
         assert total_mb <= 64
         # Nothing else inside is writable: not the image, /dev, raas's own dirs or the socket's dir.
@@ -257,7 +264,9 @@ async def test_uploads_never_write_outside_the_destination(
         out = await sh(sb, "ls -A /tmp /; find / -xdev -name ESCAPED 2>/dev/null; true")
         assert "ESCAPED" not in out
         # A symlink planted inside the destination by code in the sandbox is replaced, never followed.
-        await sh(sb, "mkdir -p /workspace/d && ln -s /tmp /workspace/d/link && ln -s /etc/hosts /workspace/d/f")
+        await sh(
+            sb, "mkdir -p /workspace/d && ln -s /tmp /workspace/d/link && ln -s /etc/hosts /workspace/d/f"
+        )
         for name in ("link/ESCAPED", "f"):
             try:
                 await sb.tools.upload_bytes(tar_of(name, b"evil"), "/workspace/d")
@@ -361,7 +370,12 @@ async def test_no_host_paths_or_environment_inside(
     sandbox_manager: SandboxManager, sandbox_config: SandboxConfig
 ) -> None:
     async with sandbox_manager.sandbox(sandbox_config, owner="t") as sb:
-        host_marks = [str(sb.scratch), str(sandbox_manager.state_dir), str(sandbox_config.image), os.environ["PATH"]]
+        host_marks = [
+            str(sb.scratch),
+            str(sandbox_manager.state_dir),
+            str(sandbox_config.image),
+            os.environ["PATH"],
+        ]
         if "HOME" in os.environ:
             host_marks.append(os.environ["HOME"] + "/")
         out = await sh(

@@ -10,7 +10,8 @@ Instance (``data_source: "harness"``)::
      "check": "python3 -m pytest -q",  # EVAL: run on a fresh copy with the agent's changes; exit 0 = solved
      "tests": {"path": "text", ...},   # optional: written only for EVAL (hidden from the agent)
      "timeout_s": 600,                 # the agent command's wall-clock limit
-     "max_steps": 30}                  # the agent's own step limit (mini-swe-agent, openai-tools)
+     "max_steps": 30,                  # the agent's own step limit (mini-swe-agent, openai-tools)
+     "env": {"NAME": "value"}}         # optional: more environment for the agent
 
 RUN: the gateway opens a session for the job and exposes it inside the sandbox (``OPENAI_BASE_URL``,
 ``OPENAI_API_KEY``, ``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``, ``RAAS_MODEL``, ...; the sandbox
@@ -23,7 +24,7 @@ Agents: ``mini-swe-agent`` (PyPI ``mini-swe-agent``, its ``mini`` CLI pointed at
 LiteLLM's OpenAI provider) and ``openai-tools`` (a minimal OpenAI-SDK tool-calling agent, the example of
 the contract: ``raas/tasks/agents/openai_tool_agent.py``) run from the harness image, a Debian image with a
 venv holding both (:data:`HARNESS_IMAGE`, built once by root: ``raas image build --packages
-git,python3,python3-venv --pip mini-swe-agent==2.4.6,openai==3.51.0``). With the ``local`` backend they run
+git,python3,python3-venv --pip anthropic==2.10.0,mini-swe-agent==2.4.6,openai==3.51.0``). With the ``local`` backend they run
 from the service's own Python environment.
 
 An infrastructure failure the gateway answered to the agent (inference server down, a timeout) fails the
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 HARNESS_IMAGE = ImageSpec(
     suite="bookworm",
     packages=("git", "python3", "python3-venv"),
-    pip=("mini-swe-agent==2.4.6", "openai==3.51.0"),
+    pip=("anthropic==2.10.0", "mini-swe-agent==2.4.6", "openai==3.51.0"),
 )
 """The image the harness agents run in (bwrap, apptainer)."""
 
@@ -115,6 +116,11 @@ class HarnessHandler(TaskHandler):
                     raise RaasError(
                         f"harness {field} path {path!r} must stay inside the repository", kind="bad_request"
                     )
+        env = instance.get("env", {})
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and k.isidentifier() and isinstance(v, str) for k, v in env.items()
+        ):
+            raise RaasError("harness 'env' must map variable names to strings", kind="bad_request")
         timeout = instance.get("timeout_s", DEFAULT_TIMEOUT_S)
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
             raise RaasError("harness 'timeout_s' must be a positive number", kind="bad_request")
@@ -196,7 +202,7 @@ class HarnessHandler(TaskHandler):
             "name": inst["agent"],
             "exit_code": exit_code,
             "timed_out": timed_out,
-            "log_tail": log,
+            "log_tail": log.replace(session.key, "<rollout key>"),
         }
         out.artifacts["patch"] = await self._patch(sandbox)
         return out
@@ -214,6 +220,7 @@ class HarnessHandler(TaskHandler):
             await sandbox.tools.write_file(f"{task_dir}/agent.py", code)
         bin_dir = str(Path(sys.executable).parent) if sandbox.backend_name == "local" else f"{PIP_VENV}/bin"
         env = {
+            **inst.get("env", {}),
             **gateway_env,
             "RAAS_TASK_DIR": task_dir,
             "RAAS_INSTANCE": f"{task_dir}/instance.json",

@@ -30,7 +30,8 @@ USER = [{"role": "user", "content": "hi"}]
 
 
 async def _until(predicate: Any) -> None:
-    while not predicate():
+    """Wait for a condition of the gateway's state (polled: the state has no event to wait on)."""
+    while not predicate():  # noqa: ASYNC110
         await asyncio.sleep(0.005)
 
 

@@ -162,7 +162,11 @@ def check_exact(out: RunOutput, sent: list[list[int]] | None = None) -> None:
         assert traj.logprobs == logprobs[first:]
         assert len(traj.response_ids) == len(traj.loss_mask) == len(traj.logprobs)
     if out.segments:
-        assert out.token_trajectory == out.segments[max(t.segment for t in out.turns[-1:])]
+        assert out.token_trajectory == out.segments[out.turns[-1].segment]
+    if out.turns:  # the readable messages of the last segment concatenate to its exact sequence
+        last = out.token_trajectory
+        flat = [t for m in out.messages for t in m.input_ids + (m.output_ids or [])]
+        assert flat == last.prompt_ids + last.response_ids
     if sent is not None:
         assert len(sent) == len(out.turns)
         for turn in out.turns:

@@ -364,3 +364,22 @@ async def test_many_rollouts_at_once_are_each_attributed_exactly(tok: ChatTokeni
         finally:
             await gateway.aclose()
             await balancer.aclose()
+
+
+async def test_a_sandbox_cannot_hoard_connections_to_its_gateway(tok: ChatTokenizer) -> None:
+    """Code in a sandbox can open sockets to its gateway endpoint directly; beyond the cap they are closed
+    at once, so the service's file descriptors stay bounded, and the endpoint keeps serving."""
+    async with scripted_rig(tok, ["still here"]) as rig:
+        rig.gateway.max_connections = 4
+        ep = await rig.open()
+        idle = [await asyncio.open_unix_connection(ep.path) for _ in range(4)]
+        await _until(
+            lambda: len(rig.gateway._endpoints[ep.session.id][0].server.server_state.connections) == 4
+        )
+        reader, writer = await asyncio.open_unix_connection(ep.path)
+        assert await reader.read() == b""  # closed by the endpoint without a byte
+        writer.close()
+        for _, w in idle:
+            w.close()
+        r = await ep.openai().chat.completions.create(model="p", messages=USER)
+        assert r.choices[0].message.content == "still here"

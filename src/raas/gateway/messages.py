@@ -385,15 +385,17 @@ def _anthropic_message(raw: Any, i: int, out: list[Msg]) -> None:
 # -- comparing and rendering -----------------------------------------------------------------------------------
 
 
-def message_key(msg: Msg) -> str:
+MessageKey = tuple[str, str, str, str]
+
+
+def message_key(msg: Msg) -> MessageKey:
     """What decides whether two messages are the same turn: role, text, tool calls (name and arguments;
-    the call ids are ours and clients may rewrite them), and for tool results the call they answer."""
-    key: dict[str, Any] = {"r": msg["role"], "c": msg.get("content") or ""}
-    if msg.get("tool_calls"):
-        key["t"] = [[c["name"], c["arguments"]] for c in msg["tool_calls"]]
-    if msg["role"] == "tool":
-        key["i"] = msg.get("tool_call_id") or ""
-    return json.dumps(key, sort_keys=True, ensure_ascii=False)
+    the call ids are ours and clients may rewrite them), and for tool results the call they answer.
+    A tuple, cheap to build for every message of every request (histories are re-sent each turn)."""
+    calls = msg.get("tool_calls")
+    written = json.dumps([[c["name"], c["arguments"]] for c in calls], sort_keys=True) if calls else ""
+    answered = (msg.get("tool_call_id") or "") if msg["role"] == "tool" else ""
+    return (msg["role"], msg.get("content") or "", written, answered)
 
 
 def tools_key(tools: list[dict[str, Any]] | None) -> str:

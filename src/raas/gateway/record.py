@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raas.core.trajectory import Message, TokenTrajectory, ToolCall
-from raas.gateway.messages import Msg, template_message
+from raas.gateway.messages import MessageKey, Msg, template_message
 from raas.llm.tokenizer import ChatTokenizer, Conversation
 
 DRIFT_PREFIX: tuple[Msg, ...] = ({"role": "system", "content": "S"}, {"role": "user", "content": "U"})
@@ -27,7 +27,7 @@ class Segment:
     reason: str
     conv: Conversation
     msgs: list[Msg]
-    keys: list[str]
+    keys: list[MessageKey]
     tools_key: str
     tools: list[dict[str, Any]] | None
     ids: list[int] = field(default_factory=list)

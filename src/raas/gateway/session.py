@@ -26,7 +26,7 @@ from raas.agent.loop import TokenMismatch
 from raas.agent.toolcalls import parse_tool_calls
 from raas.core.trajectory import RunOutput, TokenTrajectory, Turn
 from raas.errors import RaasError
-from raas.gateway.messages import ChatRequest, Msg, message_key, template_message, tools_key
+from raas.gateway.messages import ChatRequest, MessageKey, Msg, message_key, template_message, tools_key
 from raas.gateway.record import Reply, Segment, core_message, drift_of
 from raas.llm.balancer import LLMBalancer
 from raas.llm.tokenizer import ChatTokenizer, Conversation
@@ -226,7 +226,7 @@ class GatewaySession:
         self.segments.append(seg)
         return _Placement(seg, conv.ids, list(conv.ids), True, None, list(req.messages))
 
-    def _continue(self, seg: Segment, tail: list[Msg], tail_keys: list[str]) -> _Placement:
+    def _continue(self, seg: Segment, tail: list[Msg], tail_keys: list[MessageKey]) -> _Placement:
         conv = seg.conv
         undo = ("continue", _snapshot(conv), len(seg.msgs))
         seg.busy = True
@@ -243,7 +243,7 @@ class GatewaySession:
         return _Placement(seg, conv.ids, conv.ids[len(seg.ids) :], False, undo, tail)
 
     def _merge(
-        self, seg: Segment, conv: Conversation, req: ChatRequest, keys: list[str], tkey: str
+        self, seg: Segment, conv: Conversation, req: ChatRequest, keys: list[MessageKey], tkey: str
     ) -> _Placement:
         undo = ("merge", seg.conv, seg.msgs, seg.keys, seg.tools_key, seg.tools)
         new_messages = (
@@ -279,7 +279,7 @@ class GatewaySession:
         else:
             seg.conv, seg.msgs, seg.keys, seg.tools_key, seg.tools = place.undo[1:]
 
-    def _why_new(self, keys: list[str], tkey: str) -> str:
+    def _why_new(self, keys: list[MessageKey], tkey: str) -> str:
         if not self.segments:
             return "first request"
         last = next((s for s in reversed(self.segments) if s.replied), None)

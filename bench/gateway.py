@@ -40,6 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).parent / "results" / "gateway.json"
 SYSTEM = "You are a helpful assistant working in a sandbox."
 USER = "Please look at the repository and fix the failing test."
+CLIENT_CPU: list[float] = []
+"""CPU seconds each client process spent in its conversations (the agents' own HTTP and JSON work)."""
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -87,8 +89,9 @@ async def client_main(config: dict[str, Any]) -> None:
                     latencies.append(elapsed)
                 messages += [reply, {"role": "user", "content": "Continue."}]
 
+    cpu = time.process_time()
     await asyncio.gather(*(rollout(p, k) for p, k in config["endpoints"]))
-    print(json.dumps(latencies))
+    print(json.dumps({"latencies": latencies, "cpu_s": time.process_time() - cpu}))
 
 
 # -- the service side -----------------------------------------------------------------------------------------
@@ -163,10 +166,12 @@ async def through_gateway(
     out, _ = await proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(f"the client process failed ({proc.returncode})")
+    reply = json.loads(out)
+    CLIENT_CPU.append(reply["cpu_s"])
     outputs = [s.run_output() for s in sessions]
     for s in sessions:
         await gateway.close_session(s)
-    return json.loads(out), outputs
+    return reply["latencies"], outputs
 
 
 async def in_sandbox(gateway: Any, backend: str, turns: int, tokens: int, warmup: int) -> list[float]:
@@ -233,6 +238,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 direct_s: list[float] = []
                 gateway_s: list[float] = []
                 cpu = {"direct": 0.0, "gateway": 0.0}
+                CLIENT_CPU.clear()
                 for _ in range(repeat):
                     t0 = time.process_time()
                     direct_s += await direct(balancer, tok, rollouts, turns, args.tokens, args.warmup)
@@ -257,6 +263,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         "direct": round(cpu["direct"] / calls * 1e3, 3),
                         "gateway": round(cpu["gateway"] / calls * 1e3, 3),
                     },
+                    "client_cpu_ms_per_request": round(sum(CLIENT_CPU) / calls * 1e3, 3),
                 }
             if args.sandbox:
                 samples: list[float] = []

@@ -196,13 +196,16 @@ class Gateway:
         config.http_protocol_class = _capped(config.http_protocol_class, self.max_connections)
         server = _QuietServer(config)
         task = asyncio.create_task(server.serve(sockets=[sock]), name=f"raas-gateway-{session.id}")
-        while not server.started:
+        # Registered before it is up: closing the session stops it whatever happens from here on.
+        endpoint = _Endpoint(server, task, sock, path)
+        self._endpoints.setdefault(session.id, []).append(endpoint)
+        while not server.started:  # uvicorn has no started event
             if task.done():
-                sock.close()
+                self._endpoints[session.id].remove(endpoint)
+                await endpoint.stop()
                 task.result()
                 raise RaasError("the gateway endpoint stopped during start-up", kind="internal", stage="run")
             await asyncio.sleep(0.001)
-        self._endpoints.setdefault(session.id, []).append(_Endpoint(server, task, sock, path))
 
     async def expose(self, session: GatewaySession, sandbox: Sandbox) -> dict[str, str]:
         """Make ``session`` reachable from inside ``sandbox`` and return the environment an agent there

@@ -22,9 +22,10 @@ _entry_points_loaded = False
 
 
 def _builtin() -> dict[str, type[TaskHandler]]:
+    from raas.tasks.final_number import FinalNumberHandler
     from raas.tasks.math import MathHandler
 
-    return {MathHandler.name: MathHandler}
+    return {MathHandler.name: MathHandler, FinalNumberHandler.name: FinalNumberHandler}
 
 
 def _load_entry_points() -> None:

@@ -154,6 +154,8 @@ async def test_sync_facade(make_stack: StackFactory) -> None:
 
     def trainer() -> list[float]:
         with SyncRolloutClient(stack.urls) as client:
+            with pytest.raises(TimeoutError):
+                client.next_group(timeout=0.05)  # nothing submitted yet; the wait leaves no reader behind
             client.submit_group(instance("sync", rewards=[0, 1]), 2)
             g = client.next_group(timeout=60)
             client.weight_sync("5", sync=lambda: None)

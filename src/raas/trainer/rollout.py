@@ -120,6 +120,8 @@ class _Service:
     outstanding: dict[str, _Job] = field(default_factory=dict)
     abandoned: set[str] = field(default_factory=set)
     watcher: asyncio.Task[None] | None = None
+    polls: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(64))
+    """``consume="poll"``: long-polls open at once (each holds a connection)."""
 
 
 class RolloutClient:
@@ -447,7 +449,9 @@ class RolloutClient:
             if not service.healthy:
                 await asyncio.sleep(self.health_interval_s)
                 continue
-            if await self._fetch(service, job, wait_s=20.0):
+            async with service.polls:
+                found = await self._fetch(service, job, wait_s=20.0)
+            if found:
                 return
             await asyncio.sleep(0.05 if service.healthy else self.health_interval_s)
 

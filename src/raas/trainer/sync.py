@@ -55,7 +55,8 @@ class SyncRolloutClient:
         return self._call(self.client.submit_group(instance, n, **kw))
 
     def next_group(self, timeout: float | None = None) -> Group:
-        return self._call(self.client.next_group(), timeout)
+        """The next finished group; ``TimeoutError`` after ``timeout`` seconds (no group is lost)."""
+        return self._call(self.client.next_group(timeout))
 
     def cancel_groups(self, groups: Iterable[Group]) -> int:
         return self._call(self.client.cancel_groups(list(groups)))

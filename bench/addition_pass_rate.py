@@ -7,7 +7,9 @@ Each of the 81 problems ``a + b`` (``math_final`` task: one reply, graded on its
 
 Usage: ``python bench/addition_pass_rate.py [--samples 12] [--max-tokens 32] [--only 3+5,7+8] [--out FILE]``;
 prints JSON and writes ``bench/results/addition_pass_rate.json``. ``--set kept`` re-measures the kept set
-with fresh samples (the selection itself favours lucky draws) into ``addition_pass_rate_kept.json``.
+with fresh samples (the selection itself favours lucky draws) into ``addition_pass_rate_kept.json``;
+``--pool`` pools both files per problem and keeps the problems whose pooled rate is in the band
+(``addition_pass_rate_pooled.json``): that is the final ``builtin:addition`` set.
 """
 
 from __future__ import annotations
@@ -117,6 +119,31 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def pool(results: Path, low: float, high: float) -> dict[str, Any]:
+    """Pool the selection run (all candidates) with the fresh re-measurement of the kept set: a problem
+    stays in ``builtin:addition`` when its pooled pass rate is within ``[low, high]``."""
+    first = json.loads((results / "addition_pass_rate.json").read_text())
+    fresh = json.loads((results / "addition_pass_rate_kept.json").read_text())
+    by_pair = {(r["a"], r["b"]): r for r in first["per_problem"]}
+    rows = []
+    for r in fresh["per_problem"]:
+        rewards = by_pair[(r["a"], r["b"])]["rewards"] + r["rewards"]
+        rate = statistics.fmean(rewards)
+        rows.append({"a": r["a"], "b": r["b"], "pooled_rate": round(rate, 3), "n": len(rewards),
+                     "fresh_rate": r["pass_rate"]})  # fmt: skip
+    kept = [r for r in rows if low <= r["pooled_rate"] <= high]
+    rates = [r["pooled_rate"] for r in kept]
+    return {
+        "kept": [(r["a"], r["b"]) for r in kept],
+        "kept_pooled_mean_pass_rate": round(statistics.fmean(rates), 3),
+        "kept_fresh_mean_pass_rate": round(statistics.fmean(r["fresh_rate"] for r in kept), 3),
+        "groups_with_variance": {
+            str(n): round(statistics.fmean(1 - p**n - (1 - p) ** n for p in rates), 3) for n in (4, 8)
+        },
+        "per_problem": rows,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--samples", type=int, default=12)
@@ -132,7 +159,18 @@ def main() -> None:
         help="all 81 problems (selects the kept ones), or re-measure the kept set (builtin:addition)",
     )
     p.add_argument("--out", type=Path)
+    p.add_argument(
+        "--pool",
+        action="store_true",
+        help="no sampling: pool the two result files into addition_pass_rate_pooled.json (the final set)",
+    )
     args = p.parse_args()
+    if args.pool:
+        out = pool(REPO / "bench" / "results", args.low, args.high)
+        text = json.dumps(out, indent=1)
+        print(text)
+        (REPO / "bench" / "results" / "addition_pass_rate_pooled.json").write_text(text + "\n")
+        return
     name = "addition_pass_rate.json" if args.set == "candidates" else "addition_pass_rate_kept.json"
     args.out = args.out or REPO / "bench" / "results" / name
     out = asyncio.run(measure(args))

@@ -234,7 +234,6 @@ ADDITION_CANDIDATES: tuple[tuple[int, int], ...] = tuple((a, b) for a in range(1
 
 ADDITION_PAIRS: tuple[tuple[int, int], ...] = (
     (1, 1),
-    (1, 2),
     (1, 3),
     (1, 4),
     (1, 6),
@@ -242,12 +241,10 @@ ADDITION_PAIRS: tuple[tuple[int, int], ...] = (
     (1, 8),
     (1, 9),
     (2, 2),
-    (2, 9),
     (3, 2),
     (3, 3),
     (3, 5),
     (4, 3),
-    (4, 4),
     (4, 5),
     (4, 6),
     (4, 8),
@@ -257,15 +254,15 @@ ADDITION_PAIRS: tuple[tuple[int, int], ...] = (
     (6, 4),
     (7, 3),
     (7, 4),
-    (7, 5),
     (7, 6),
     (8, 4),
     (8, 6),
 )
-"""The ``builtin:addition`` set: the 28 candidates the embedded SmolLM2-135M solved in 20-80% of 12 samples
-at temperature 1 (``python bench/addition_pass_rate.py``; every problem's rate is in
-``bench/results/addition_pass_rate.json``, a fresh re-measurement of this set in
-``bench/results/addition_pass_rate_kept.json``), so groups of its rollouts have reward variance."""
+"""The ``builtin:addition`` set: the one-digit sums the embedded SmolLM2-135M solves in 20-80% of its samples
+at temperature 1, so groups of its rollouts have reward variance. Selected in two rounds by
+``bench/addition_pass_rate.py``: all 81 candidates sampled 12 times (``bench/results/addition_pass_rate.json``),
+the 28 in the band sampled 16 more times (``addition_pass_rate_kept.json``), and kept when the pooled rate of
+those 28 samples is in the band (``addition_pass_rate_pooled.json``: 24 problems, mean 31%)."""
 
 
 def addition_instance(a: int, b: int) -> dict[str, Any]:

@@ -144,7 +144,9 @@ async def test_admission_rule_bounds_in_flight_plus_accepted(make_stack: StackFa
     stack = await make_stack()
     data = (instance(f"a{k}", rewards=INFORMATIVE, run_sleep=0.05) for k in itertools.count())
     async with RolloutClient(stack.urls) as client:
-        sampler = DynamicSampler(client, data, 2, target_groups=3, max_inflight_groups=50, max_staleness=0)
+        sampler = DynamicSampler(
+            client, data, 2, target_groups=3, max_inflight_groups=50, carry_over=True, max_staleness=0
+        )
         peak = 0
 
         async def watch() -> None:
@@ -158,7 +160,11 @@ async def test_admission_rule_bounds_in_flight_plus_accepted(make_stack: StackFa
             for _ in range(3):
                 batch, _ = await sampler.next_step()
                 assert len(batch) == 3
+                await sampler.update_weights()
         finally:
             watcher.cancel()
         assert 0 < peak <= sampler.admission_limit == 3
         await sampler.close()
+        # without carry-over nothing outlives its step: only the in-flight cap limits admission
+        free = DynamicSampler(client, data, 2, target_groups=3, max_inflight_groups=5, max_staleness=0)
+        assert free.admission_limit == 8

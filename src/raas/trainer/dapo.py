@@ -10,8 +10,10 @@ weight update (the services pause around the sync; no in-flight turn is aborted)
 
 Staleness: every turn carries the weight version that sampled it. A group whose oldest turn is more than
 ``max_staleness`` versions behind the current policy is dropped (``stale="drop"``) or run again
-(``"rerun"``). Admission keeps ``in flight + accepted <= (max_staleness + 1) * target_groups``, so work
-started at version ``v`` is normally consumed by version ``v + max_staleness``.
+(``"rerun"``). With ``carry_over``, admission also keeps ``in flight + accepted <= (max_staleness + 1) *
+target_groups``, so work started at version ``v`` is normally consumed by version ``v + max_staleness``.
+Without carry-over no group outlives the step it started in (the rest is cancelled before the weight
+update), so staleness is 0 by construction and only ``max_inflight_groups`` limits admission.
 """
 
 from __future__ import annotations
@@ -128,8 +130,12 @@ class DynamicSampler:
 
     @property
     def admission_limit(self) -> int:
-        """``(max_staleness + 1) * target_groups``: the most groups in flight plus accepted at any time."""
-        return (self.max_staleness + 1) * self.target_groups
+        """The most groups in flight plus accepted at any time: ``(max_staleness + 1) * target_groups``
+        with carry-over; without it, ``max_inflight_groups + target_groups`` (no bound beyond the in-flight
+        cap is needed: nothing survives a weight update)."""
+        if self.carry_over:
+            return (self.max_staleness + 1) * self.target_groups
+        return self.max_inflight_groups + self.target_groups
 
     @property
     def in_flight(self) -> int:

@@ -27,13 +27,16 @@ import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from raas.errors import RaasError
 from raas.trainer.client import RaasClient
-from raas.trainer.placement import host_of, plan_llm_assignment
+from raas.trainer.llm_control import LLMControl
+from raas.trainer.placement import host_of
+from raas.trainer.records import ClientStats, FailurePolicy, JobRecord, ServiceState
 from raas.trainer.types import ErrorInfo, Group, JobResult, is_valid
+
+__all__ = ["ClientStats", "FailurePolicy", "RolloutClient"]
 
 log = logging.getLogger(__name__)
 
@@ -42,89 +45,7 @@ _RETRYABLE = frozenset({"unavailable", "timeout", "overloaded", "internal"})
 """Submit errors that mean "this service cannot take it now", not "this job is wrong"."""
 
 
-@dataclass
-class FailurePolicy:
-    """What to do with samples the service filtered (failed, timed out, cancelled by someone else)."""
-
-    resubmit: bool = True
-    max_resubmits: int = 2
-    """Per sample: how many times a filtered result is replaced by a fresh attempt before it is dropped."""
-    max_moves: int = 3
-    """Per sample: how many times it may be moved off a service that stopped answering."""
-    min_group_size: int = 2
-    """Usable samples a group needs; fewer and it is refilled or dropped."""
-    refill: bool = False
-    """Submit new samples (new trajectory ids) into a group that fell below ``min_group_size``."""
-    max_refill_samples: int = 4
-    """Per group: at most this many refill samples in total."""
-    give_up_after_s: float = 300.0
-    """A sample that finds no healthy service for this long is dropped (kind ``unavailable``)."""
-
-
-@dataclass
-class ClientStats:
-    """Cumulative counters (the DAPO sampler reports per-step differences)."""
-
-    submitted: int = 0
-    results: int = 0
-    usable: int = 0
-    filtered: int = 0
-    resubmitted: int = 0
-    dropped_samples: int = 0
-    refilled_samples: int = 0
-    dropped_groups: int = 0
-    completed_groups: int = 0
-    cancelled: int = 0
-    moved: int = 0
-    services_down: int = 0
-    stream_reconnects: int = 0
-
-    def snapshot(self) -> dict[str, int]:
-        return dict(self.__dict__)
-
-
-@dataclass
-class _Job:
-    job_id: str
-    group: Group
-    index: int
-    attempt: int = 0
-    moves: int = 0
-    service: _Service | None = None
-    acked: bool = False
-    """The current service accepted it (only then does a 404 there mean the job was lost)."""
-    done: bool = False
-    homeless_since: float | None = None
-
-    def body(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "instance": {**self.group.instance, "trajectory_id": self.index},
-            "job_id": self.job_id,
-        }
-        if self.group.sampling_params is not None:
-            body["sampling_params"] = self.group.sampling_params
-        body.update(self.group.request_fields)
-        return body
-
-
-@dataclass
-class _Service:
-    url: str
-    client: RaasClient
-    host: str
-    healthy: bool = True
-    """Takes new jobs."""
-    dead: bool = False
-    """Silent for longer than ``dead_after_s``: its jobs were moved."""
-    last_ok: float = field(default_factory=time.monotonic)
-    outstanding: dict[str, _Job] = field(default_factory=dict)
-    abandoned: set[str] = field(default_factory=set)
-    watcher: asyncio.Task[None] | None = None
-    polls: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(64))
-    """``consume="poll"``: long-polls open at once (each holds a connection)."""
-
-
-class RolloutClient:
+class RolloutClient(LLMControl):
     """``async with RolloutClient([url_a, url_b]) as c: await c.submit_group(inst, 8); g = await c.next_group()``."""
 
     def __init__(
@@ -156,13 +77,14 @@ class RolloutClient:
         self.stats = ClientStats()
         self.weight_version: str | None = None
         self._services = [
-            _Service(u.rstrip("/"), RaasClient(u, token=token, timeout_s=timeout_s), host_of(u)) for u in urls
+            ServiceState(u.rstrip("/"), RaasClient(u, token=token, timeout_s=timeout_s), host_of(u))
+            for u in urls
         ]
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: dict[str, JobRecord] = {}
         self._groups: dict[str, Group] = {}
         self._pending: dict[str, set[str]] = {}
         self._finished: asyncio.Queue[Group] = asyncio.Queue()
-        self._homeless: list[_Job] = []
+        self._homeless: list[JobRecord] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._cancels: set[asyncio.Task[Any]] = set()
         self._seq = itertools.count()
@@ -268,7 +190,7 @@ class RolloutClient:
 
     async def submit_groups(self, groups: Sequence[Group]) -> None:
         """Submit new groups (from :meth:`new_group`), one batch request per service."""
-        jobs: list[_Job] = []
+        jobs: list[JobRecord] = []
         for g in groups:
             if g.group_id in self._groups:
                 raise RaasError(f"group {g.group_id} was already submitted", kind="bad_request")
@@ -284,13 +206,15 @@ class RolloutClient:
             await self.cancel_groups(groups, wait=False)
             raise
 
-    def _job(self, group: Group, index: int, attempt: int) -> _Job:
-        job = _Job(job_id=f"{group.group_id}.{index}.{attempt}", group=group, index=index, attempt=attempt)
+    def _job(self, group: Group, index: int, attempt: int) -> JobRecord:
+        job = JobRecord(
+            job_id=f"{group.group_id}.{index}.{attempt}", group=group, index=index, attempt=attempt
+        )
         self._jobs[job.job_id] = job
         self._pending[group.group_id].add(job.job_id)
         return job
 
-    def _choose(self) -> _Service | None:
+    def _choose(self) -> ServiceState | None:
         healthy = [s for s in self._services if s.healthy]
         if not healthy:
             return None
@@ -298,7 +222,7 @@ class RolloutClient:
         tied = [s for s in healthy if len(s.outstanding) == least]
         return tied[next(self._rotation) % len(tied)]
 
-    async def _send(self, jobs: list[_Job], *, raise_errors: bool = False) -> None:
+    async def _send(self, jobs: list[JobRecord], *, raise_errors: bool = False) -> None:
         """Assign each job to the least-loaded healthy service and submit per service; a service that
         cannot take its share is marked down and the share goes elsewhere."""
         todo = [j for j in jobs if not j.done]
@@ -306,7 +230,7 @@ class RolloutClient:
             self._forget_job(job)
         todo = [j for j in todo if not j.group.cancelled]
         while todo:
-            batches: dict[int, tuple[_Service, list[_Job]]] = {}
+            batches: dict[int, tuple[ServiceState, list[JobRecord]]] = {}
             for job in todo:
                 service = self._choose()
                 if service is None:
@@ -347,7 +271,7 @@ class RolloutClient:
                 service.healthy = False
                 todo.extend(batch)
 
-    async def _post(self, service: _Service, batch: list[_Job]) -> None:
+    async def _post(self, service: ServiceState, batch: list[JobRecord]) -> None:
         for start in range(0, len(batch), 512):
             await service.client.submit_batch([j.body() for j in batch[start : start + 512]])
         for job in batch:
@@ -356,14 +280,14 @@ class RolloutClient:
             for job in batch:
                 self._spawn(self._poll(service, job))
 
-    def _park(self, job: _Job) -> None:
+    def _park(self, job: JobRecord) -> None:
         """No healthy service: keep the job until one comes back (or ``give_up_after_s`` passes)."""
         job.service = None
         if job.homeless_since is None:
             job.homeless_since = time.monotonic()
         self._homeless.append(job)
 
-    def _forget_job(self, job: _Job) -> None:
+    def _forget_job(self, job: JobRecord) -> None:
         self._jobs.pop(job.job_id, None)
         pending = self._pending.get(job.group.group_id)
         if pending is not None:
@@ -393,7 +317,7 @@ class RolloutClient:
         while True:
             yield await self._finished.get()
 
-    async def _watch(self, service: _Service) -> None:
+    async def _watch(self, service: ServiceState) -> None:
         """Follow one service's terminal events; reconnect after a dropped stream and catch up."""
         backoff = 0.1
         first = True
@@ -419,18 +343,18 @@ class RolloutClient:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
 
-    async def _reconcile(self, service: _Service) -> None:
+    async def _reconcile(self, service: ServiceState) -> None:
         """Fetch every result that may have finished while this client was not listening."""
         sem = asyncio.Semaphore(32)
 
-        async def one(job: _Job) -> None:
+        async def one(job: JobRecord) -> None:
             async with sem:
                 await self._fetch(service, job)
 
         jobs = [j for j in service.outstanding.values() if j.acked]
         await asyncio.gather(*(one(j) for j in jobs), return_exceptions=True)
 
-    async def _fetch(self, service: _Service, job: _Job, wait_s: float = 0.0) -> bool:
+    async def _fetch(self, service: ServiceState, job: JobRecord, wait_s: float = 0.0) -> bool:
         try:
             body = await service.client.result(job.job_id, wait_s=wait_s)
         except RaasError as exc:
@@ -443,7 +367,7 @@ class RolloutClient:
         self._deliver(service, job, JobResult.model_validate(body))
         return True
 
-    async def _poll(self, service: _Service, job: _Job) -> None:
+    async def _poll(self, service: ServiceState, job: JobRecord) -> None:
         """``consume="poll"``: long-poll one job until it has a result or moves to another service."""
         while not self._closed and not job.done and job.service is service:
             if not service.healthy:
@@ -455,7 +379,7 @@ class RolloutClient:
                 return
             await asyncio.sleep(0.05 if service.healthy else self.health_interval_s)
 
-    def _deliver(self, service: _Service, job: _Job, result: JobResult) -> None:
+    def _deliver(self, service: ServiceState, job: JobRecord, result: JobResult) -> None:
         if job.done or job.service is not service:
             return
         job.done = True
@@ -553,7 +477,7 @@ class RolloutClient:
                 task.add_done_callback(self._cancels.discard)
         return len(calls)
 
-    async def _cancel_job(self, service: _Service, job: _Job) -> None:
+    async def _cancel_job(self, service: ServiceState, job: JobRecord) -> None:
         with contextlib.suppress(RaasError):
             await service.client.cancel(job.job_id)
         if not job.done and service.healthy:
@@ -567,7 +491,7 @@ class RolloutClient:
             await asyncio.gather(*(self._probe(s) for s in self._services), return_exceptions=True)
             self._retry_homeless()
 
-    async def _probe(self, service: _Service) -> None:
+    async def _probe(self, service: ServiceState) -> None:
         try:
             await service.client.health()
         except RaasError:
@@ -580,7 +504,7 @@ class RolloutClient:
         if not service.healthy:
             await self._mark_up(service)
 
-    def _mark_dead(self, service: _Service) -> None:
+    def _mark_dead(self, service: ServiceState) -> None:
         """Silent for ``dead_after_s``: every job it still holds runs elsewhere."""
         if not service.dead:
             log.warning("raas service %s stopped answering; its jobs move elsewhere", service.url)
@@ -589,7 +513,7 @@ class RolloutClient:
         if service.outstanding:
             self._spawn(self._move(list(service.outstanding.values()), service))
 
-    async def _mark_up(self, service: _Service) -> None:
+    async def _mark_up(self, service: ServiceState) -> None:
         log.info("raas service %s answers again", service.url)
         if self.weight_version is not None:
             with contextlib.suppress(RaasError):
@@ -602,13 +526,13 @@ class RolloutClient:
             service.watcher = asyncio.create_task(self._watch(service), name=f"raas-watch-{service.url}")
         self._retry_homeless()
 
-    async def _quiet_cancel(self, service: _Service, job_id: str) -> None:
+    async def _quiet_cancel(self, service: ServiceState, job_id: str) -> None:
         with contextlib.suppress(RaasError):
             await service.client.cancel(job_id)
 
-    async def _move(self, jobs: list[_Job], source: _Service) -> None:
+    async def _move(self, jobs: list[JobRecord], source: ServiceState) -> None:
         """Resubmit ``jobs`` (same ids) on other services; samples that moved too often are dropped."""
-        again: list[_Job] = []
+        again: list[JobRecord] = []
         for job in jobs:
             if job.done or job.service is not source:
                 continue
@@ -642,7 +566,7 @@ class RolloutClient:
             job.homeless_since = None
         self._spawn(self._send(jobs))
 
-    def _fail_locally(self, job: _Job, message: str, kind: str = "unavailable") -> None:
+    def _fail_locally(self, job: JobRecord, message: str, kind: str = "unavailable") -> None:
         """A typed, filtered result for a sample no service could finish (never a reward)."""
         result = JobResult(
             job_id=job.job_id,
@@ -660,68 +584,6 @@ class RolloutClient:
         job.done = True
         job.group.failures.append(result)
         self._forget_job(job)
-
-    # -- inference servers and weight sync ---------------------------------------------------------------
-
-    async def _each(self, fn: Callable[[_Service], Awaitable[Any]]) -> list[Any]:
-        healthy = [s for s in self._services if s.healthy]
-        return list(await asyncio.gather(*(fn(s) for s in healthy)))
-
-    async def pause(self) -> None:
-        """``POST /v1/llm:pause`` on every service: returns once no generate call is in flight anywhere
-        (running turns finish; none is aborted)."""
-        await self._each(lambda s: s.client.pause())
-
-    async def resume(self) -> None:
-        await self._each(lambda s: s.client.resume())
-
-    async def _set_version_on(self, service: _Service, version: str) -> None:
-        body = await service.client.servers()
-        for server in (body or {}).get("servers", []):
-            await service.client.add_server(str(server["address"]), weight_version=version)
-
-    async def set_weight_version(self, version: str) -> None:
-        """Stamp ``version`` on every inference server of every service (call it while paused)."""
-        self.weight_version = version
-        await self._each(lambda s: self._set_version_on(s, version))
-
-    async def weight_sync(self, version: str, sync: Callable[[], Awaitable[Any]] | None = None) -> None:
-        """Pause every service, run ``sync`` (load the new weights into the inference servers), stamp
-        ``version``, resume. Turns that were generating finish with the old weights and keep the old
-        version; every turn after the resume carries the new one."""
-        await self.pause()
-        try:
-            if sync is not None:
-                await sync()
-            await self.set_weight_version(version)
-        finally:
-            await self.resume()
-
-    async def assign_llm_servers(
-        self,
-        llm_servers: Sequence[str],
-        *,
-        hosts: dict[str, str] | None = None,
-        weight_version: str | None = None,
-        replace: bool = True,
-    ) -> dict[str, list[str]]:
-        """Attach inference servers node-aware (:func:`plan_llm_assignment`) through each service's
-        ``/v1/llm/servers``; ``replace`` removes servers a service had that the plan does not give it."""
-        plan = plan_llm_assignment([s.url for s in self._services], llm_servers, hosts=hosts)
-        version = weight_version if weight_version is not None else self.weight_version
-
-        async def apply(service: _Service) -> None:
-            wanted = plan.get(service.url, [])
-            if replace:
-                current = (await service.client.servers() or {}).get("servers", [])
-                for server in current:
-                    if str(server["address"]).rstrip("/") not in {w.rstrip("/") for w in wanted}:
-                        await service.client.remove_server(str(server["address"]))
-            for address in wanted:
-                await service.client.add_server(address, weight_version=version)
-
-        await self._each(apply)
-        return plan
 
     # -- helpers -----------------------------------------------------------------------------------------
 

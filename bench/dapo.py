@@ -181,6 +181,20 @@ class Processes:
                 proc.terminate()
                 await proc.wait()
 
+    def cpu_s(self) -> dict[str, float]:
+        """CPU seconds used so far by the service, the policy double and this (trainer) process."""
+        tick = os.sysconf("SC_CLK_TCK")
+
+        def of(pid: int) -> float:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / tick
+
+        return {
+            "service": of(self.procs[1].pid),
+            "policy": of(self.procs[0].pid),
+            "trainer": time.process_time(),
+        }
+
     async def llm_stats(self, reset: bool = False) -> dict[str, float]:
         r = await self.http.post(self.llm_url + "/_scripted/reset") if reset else None
         r = await self.http.get(self.llm_url + "/_scripted/stats")
@@ -198,6 +212,7 @@ async def run_variant(name: str, procs: Processes, p: dict[str, Any]) -> dict[st
     staleness: dict[int, int] = {}
     version = 0
     await procs.llm_stats(reset=True)
+    cpu0 = procs.cpu_s()
     started = time.monotonic()
     async with RolloutClient(procs.url, run_id=f"{name}{int(started)}") as client:
         await client.set_weight_version("0")
@@ -242,6 +257,7 @@ async def run_variant(name: str, procs: Processes, p: dict[str, Any]) -> dict[st
         wall = time.monotonic() - started
         llm = await procs.llm_stats()
         results = client.stats.results
+    cpu = {k: round(v - cpu0[k], 1) for k, v in procs.cpu_s().items()}
     return {
         "wait_s": round(sum(waits), 2),
         "wait_per_step_s": [round(w, 2) for w in waits],
@@ -253,6 +269,8 @@ async def run_variant(name: str, procs: Processes, p: dict[str, Any]) -> dict[st
         "llm_utilization": round(llm["utilization"], 4),
         "llm_idle_fraction": round(1 - llm["utilization"], 4),
         "staleness": {str(k): v for k, v in sorted(staleness.items())},
+        "cpu_s": cpu,
+        "load_average": round(os.getloadavg()[0], 2),
     }
 
 
@@ -282,23 +300,23 @@ def main() -> None:
     args = ap.parse_args()
     p: dict[str, Any] = {
         "steps": 4,
-        "target": 16,
+        "target": 8,
         "group_size": 8,
-        "inflight": 32,
+        "inflight": 16,
         "turns": 2,
         "tok_median": 50,
         "tok_sigma": 0.8,
-        "tool_median_s": 0.3,
+        "tool_median_s": 0.6,
         "tool_sigma": 1.0,
-        "capacity": 32,
-        "tokens_per_s": 100.0,
+        "capacity": 16,
+        "tokens_per_s": 50.0,
         "prefill_s": 0.02,
-        "train_s": 2.0,
-        "sync_s": 0.3,
+        "train_s": 3.0,
+        "sync_s": 0.5,
         "repeats": 2,
     }
     if args.quick:
-        p.update(steps=2, target=6, inflight=12, group_size=4, repeats=1)
+        p.update(steps=2, target=4, inflight=8, group_size=4, repeats=1)
     for item in args.set:
         key, _, value = item.partition("=")
         if key not in p:

@@ -152,8 +152,47 @@ def pipeline() -> str:
     return "\n".join(parts)
 
 
+def dapo() -> str:
+    data = _load("dapo.json")
+    if not data:
+        return ""
+    names = {
+        "batch": "(a) generate a batch, filter, repeat",
+        "async": "(b) asynchronous sampler",
+        "carry": "(c) asynchronous sampler + carry-over",
+    }
+    rows = []
+    for key, label in names.items():
+        v = data["variants"][key]
+        rows.append(
+            [
+                label,
+                round(v["wait_s"], 1),
+                round(data["variants"]["batch"]["wait_s"] / v["wait_s"], 2),
+                round(v["wall_s"], 1),
+                int(v["rollouts_finished"]),
+                int(v["rollouts_used"]),
+                int(v["rollouts_wasted"]),
+                int(v["jobs_cancelled"]),
+                f"{v['llm_idle_fraction']:.0%}",
+            ]
+        )
+    header = [
+        "variant",
+        "trainer waited s",
+        "speedup",
+        "wall s",
+        "rollouts finished",
+        "used",
+        "wasted",
+        "jobs cancelled",
+        "LLM idle",
+    ]
+    return _table(header, rows)
+
+
 def main() -> None:
-    sections = [tools_latency(), templating(), prefix_cache(), client_overhead(), pipeline()]
+    sections = [tools_latency(), templating(), prefix_cache(), client_overhead(), pipeline(), dapo()]
     print("\n\n".join(s for s in sections if s))
 
 

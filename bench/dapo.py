@@ -16,12 +16,15 @@ Variants, all with the same budget of ``inflight`` groups: (a) ``batch``: submit
 for all of them, keep the informative ones, repeat until ``target`` are in (the surplus of the last round
 is discarded); (b) ``async``: DynamicSampler with ``max_inflight_groups=inflight`` without carry-over
 (surplus cancelled); (c) ``carry``: the same with carry-over (work keeps running through training and the
-sync). Reported per variant: the time the trainer waited for its batches over all
-steps, end-to-end wall time, rollouts finished / used / wasted, jobs cancelled, LLM slot utilization.
+sync). Reported per variant: the time the trainer waited for its batches over all steps, end-to-end wall
+time, rollouts finished / used / wasted, jobs cancelled, LLM slot utilization, the CPU time of the service,
+the policy double and the trainer process (on a busy machine a CPU-bound run measures contention, not
+sampling).
 ``speedup`` = (a) wait time / (b) wait time; ``speedup_carry`` = (a) / (c), from the means over ``repeats``
 interleaved runs of each variant.
 
-Usage: ``python bench/dapo.py [--quick] [--out FILE]``; prints JSON, writes bench/results/dapo.json.
+Usage: ``python bench/dapo.py [--quick] [--set KEY=VALUE ...] [--out FILE]``; prints JSON and writes
+bench/results/dapo.json (not for ``--quick`` or ``--set`` runs).
 """
 
 from __future__ import annotations

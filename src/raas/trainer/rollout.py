@@ -46,7 +46,14 @@ _RETRYABLE = frozenset({"unavailable", "timeout", "overloaded", "internal"})
 
 
 class RolloutClient(LLMControl):
-    """``async with RolloutClient([url_a, url_b]) as c: await c.submit_group(inst, 8); g = await c.next_group()``."""
+    """``async with RolloutClient([url_a, url_b]) as c: await c.submit_group(inst, 8); g = await c.next_group()``.
+
+    Job ids are ``<group_id>.<trajectory index>.<attempt>`` and default group ids ``<run_id>-g<n>``; the
+    services are idempotent on job ids, so a ``run_id`` you pass yourself must be new for every run against
+    the same services (the default is random). ``health_interval_s`` is how often ``/healthz`` is probed,
+    ``dead_after_s`` how long a service may stay silent before its jobs move, ``job_timeout_s`` each job's
+    in-stage budget (``timeout_s``), ``on_result`` a callback for every result, usable or not.
+    """
 
     def __init__(
         self,

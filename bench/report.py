@@ -168,6 +168,45 @@ def verify_overhead() -> str:
     )
 
 
+def dapo() -> str:
+    data = _load("dapo.json")
+    if not data:
+        return ""
+    names = {
+        "batch": "(a) generate a batch, filter, repeat",
+        "async": "(b) asynchronous sampler",
+        "carry": "(c) asynchronous sampler + carry-over",
+    }
+    rows = []
+    for key, label in names.items():
+        v = data["variants"][key]
+        rows.append(
+            [
+                label,
+                round(v["wait_s"], 1),
+                round(data["variants"]["batch"]["wait_s"] / v["wait_s"], 2),
+                round(v["wall_s"], 1),
+                int(v["rollouts_finished"]),
+                int(v["rollouts_used"]),
+                int(v["rollouts_wasted"]),
+                int(v["jobs_cancelled"]),
+                f"{v['llm_idle_fraction']:.0%}",
+            ]
+        )
+    header = [
+        "variant",
+        "trainer waited s",
+        "speedup",
+        "wall s",
+        "rollouts finished",
+        "used",
+        "wasted",
+        "jobs cancelled",
+        "LLM idle",
+    ]
+    return _table(header, rows)
+
+
 def main() -> None:
     sections = [
         tools_latency(),
@@ -176,6 +215,7 @@ def main() -> None:
         client_overhead(),
         pipeline(),
         verify_overhead(),
+        dapo(),
     ]
     print("\n\n".join(s for s in sections if s))
 

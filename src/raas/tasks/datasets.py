@@ -229,6 +229,61 @@ def builtin_math(n: int = BUILTIN_MATH_DEFAULT_N) -> list[dict[str, Any]]:
     return out
 
 
+ADDITION_CANDIDATES: tuple[tuple[int, int], ...] = tuple((a, b) for a in range(1, 10) for b in range(1, 10))
+"""Every one-digit addition ``a + b`` (a, b in 1..9): what ``bench/addition_pass_rate.py`` measures."""
+
+ADDITION_PAIRS: tuple[tuple[int, int], ...] = (
+    (1, 1),
+    (1, 3),
+    (1, 4),
+    (1, 6),
+    (1, 7),
+    (1, 8),
+    (1, 9),
+    (2, 2),
+    (3, 2),
+    (3, 3),
+    (3, 5),
+    (4, 3),
+    (4, 5),
+    (4, 6),
+    (4, 8),
+    (4, 9),
+    (5, 3),
+    (5, 6),
+    (6, 4),
+    (7, 3),
+    (7, 4),
+    (7, 6),
+    (8, 4),
+    (8, 6),
+)
+"""The ``builtin:addition`` set: the one-digit sums the embedded SmolLM2-135M solves in 20-80% of its samples
+at temperature 1, so groups of its rollouts have reward variance. Selected in two rounds by
+``bench/addition_pass_rate.py``: all 81 candidates sampled 12 times (``bench/results/addition_pass_rate.json``),
+the 28 in the band sampled 16 more times (``addition_pass_rate_kept.json``), and kept when the pooled rate of
+those 28 samples is in the band (``addition_pass_rate_pooled.json``: 24 problems, mean 31%)."""
+
+
+def addition_instance(a: int, b: int) -> dict[str, Any]:
+    """One ``math_final`` instance asking for ``a + b``."""
+    return {
+        "instance_id": f"builtin-add-{a}-{b}",
+        "data_source": "math_final",
+        "problem": f"What is {a} + {b}? Reply with the number only.",
+        "answer": str(a + b),
+    }
+
+
+def builtin_addition(n: int | None = None, *, candidates: bool = False) -> list[dict[str, Any]]:
+    """The first ``n`` (default all) problems of ``builtin:addition``; ``candidates=True``: of all 81."""
+    pairs = ADDITION_CANDIDATES if candidates else ADDITION_PAIRS
+    n = len(pairs) if n is None else n
+    if not 1 <= n <= len(pairs):
+        raise RaasError(f"builtin:addition size must be in 1..{len(pairs)}, got {n}", kind="bad_request")
+    return [addition_instance(a, b) for a, b in pairs[:n]]
+
+
 def _normalise_row(row: dict[str, Any], index: int, origin: str, data_source: str) -> dict[str, Any]:
     if not isinstance(row, dict):
         raise RaasError(f"{origin}: row {index} is not an object", kind="bad_request")
@@ -283,19 +338,26 @@ def load_file(path: Path, data_source: str = "math") -> list[dict[str, Any]]:
 
 
 def load_dataset(name: str) -> list[dict[str, Any]]:
-    """Resolve a dataset name: ``builtin:math`` (16), ``builtin:math:N`` (N problems) or a file path."""
+    """Resolve a dataset name: ``builtin:math`` (16), ``builtin:math:N`` (N problems), ``builtin:addition``
+    (one-digit sums the embedded model solves sometimes), ``builtin:addition:N``, or a file path."""
     if name.startswith(BUILTIN_PREFIX):
         spec = name[len(BUILTIN_PREFIX) :]
         base, _, size = spec.partition(":")
-        if base != "math":
+        builders: dict[str, Callable[..., list[dict[str, Any]]]] = {
+            "math": builtin_math,
+            "addition": builtin_addition,
+        }
+        if base not in builders:
             raise RaasError(
-                f"unknown built-in dataset {name!r} (known: builtin:math, builtin:math:N)", kind="bad_request"
+                f"unknown built-in dataset {name!r} (known: builtin:math, builtin:math:N, builtin:addition, "
+                "builtin:addition:N)",
+                kind="bad_request",
             )
         if not size:
-            return builtin_math()
+            return builders[base]()
         try:
             n = int(size)
         except ValueError as e:
             raise RaasError(f"bad size in {name!r}: expected an integer", kind="bad_request") from e
-        return builtin_math(n)
+        return builders[base](n)
     return load_file(Path(name).expanduser())

@@ -22,9 +22,10 @@ ENTRY_POINT_GROUP = "raas.tasks"
 
 def builtin_handlers() -> dict[str, type[TaskHandler]]:
     """The handlers raas itself ships."""
+    from raas.tasks.final_number import FinalNumberHandler
     from raas.tasks.math import MathHandler
 
-    return {MathHandler.name: MathHandler}
+    return {MathHandler.name: MathHandler, FinalNumberHandler.name: FinalNumberHandler}
 
 
 def load_handler_class(target: str) -> type[TaskHandler]:

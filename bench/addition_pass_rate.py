@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raas.cli import embedded_llm, service_in_process
+from raas.cli.inprocess import embedded_llm, service_in_process
 from raas.llm.models import default_tokenizer_dir
 from raas.pipeline.config import ServiceConfig
 from raas.tasks.datasets import ADDITION_CANDIDATES, ADDITION_PAIRS, addition_instance

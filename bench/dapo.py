@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 
 import httpx
 
-from raas.agent.trajectory import EvalOutput, RunOutput, TokenTrajectory, Turn
+from raas.core.trajectory import EvalOutput, RunOutput, TokenTrajectory, Turn
 from raas.llm import SamplingParams
 from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
 

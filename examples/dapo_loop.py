@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from raas.cli import embedded_llm, service_in_process
+from raas.cli.inprocess import embedded_llm, service_in_process
 from raas.llm.models import default_tokenizer_dir
 from raas.pipeline.config import ServiceConfig
 from raas.tasks.datasets import load_dataset

@@ -9,10 +9,10 @@ from tests.agent.scripted import scripted_policy
 from raas.agent.config import AgentConfig
 from raas.errors import RaasError
 from raas.llm.tokenizer import ChatTokenizer
-from raas.tasks.registry import HandlerRegistry
 from raas.tasks.base import Job, JobSandboxes
 from raas.tasks.datasets import ADDITION_CANDIDATES, ADDITION_PAIRS, builtin_addition, load_dataset
 from raas.tasks.final_number import FinalNumberHandler, final_number, grade
+from raas.tasks.registry import HandlerRegistry
 
 
 @pytest.mark.unit

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from raas.cli import service_in_process
+from raas.cli.inprocess import service_in_process
 from raas.pipeline.config import ServiceConfig
 from tests.doubles.group_handler import GroupScriptHandler
 from tests.doubles.scripted_llm import Completion, CompletionRequest, ScriptedLLM

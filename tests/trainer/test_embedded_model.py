@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from raas.cli import service_in_process
+from raas.cli.inprocess import service_in_process
 from raas.llm.embedded import EmbeddedServer
 from raas.llm.models import prepare_tokenizer
 from raas.pipeline.config import ServiceConfig

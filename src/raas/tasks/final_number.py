@@ -17,11 +17,11 @@ import re
 from fractions import Fraction
 from typing import Any, ClassVar
 
+from raas.agent.config import agent_overrides
 from raas.agent.loop import run_agent
 from raas.agent.tools import ToolSet
 from raas.core.trajectory import EvalOutput, RunOutput
 from raas.errors import RaasError
-from raas.pipeline.config import agent_overrides
 from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
 
 SYSTEM_PROMPT = "You are a helpful assistant."

@@ -11,8 +11,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from raas.core.trajectory import Message, TokenTrajectory, Turn
 from raas.core.jobs import ErrorInfo, JobEvent, JobInfo, JobResult, SubmitResponse, Timing
+from raas.core.trajectory import Message, TokenTrajectory, Turn
 
 __all__ = [
     "ErrorInfo",

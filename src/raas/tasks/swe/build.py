@@ -33,11 +33,11 @@ from raas.sandbox import SandboxManager
 from raas.sandbox.client import tar_directory
 from raas.sandbox.images import image_cache_dir
 
-from . import envimage, grading, problem, repo
+from . import coverage, envimage, grading, problem, repo
 from .mutate import MUTATORS, Mutation, find_mutations
 from .packages import PackageSpec, fetch_sdist, get_package, sdist_time, unpack_sdist
 from .records import SweRecord
-from .runner import TestRun, evaluate, run_command, sandbox_config
+from .runner import CommandRun, evaluate, run_command, sandbox_config
 
 BUILD_VERSION = 1  # bump when what a build produces changes (invalidates cached package results)
 LOG_PARSER = "parse_log_pytest"
@@ -80,7 +80,7 @@ class Verdict:
 
 
 def judge(
-    baseline: dict[str, str], mutated: dict[str, str], safe: set[str], run: TestRun, max_failing: int
+    baseline: dict[str, str], mutated: dict[str, str], safe: set[str], run: CommandRun, max_failing: int
 ) -> Verdict:
     """Keep a bug only if 1..max_failing passing tests now fail (FAILED/ERROR, each reported exactly)
     and every other passing test still passes."""
@@ -285,15 +285,51 @@ class Builder:
         return records, report
 
     async def _run(
-        self, image: Path, tar: bytes, files: dict[str, bytes], command: str, timeout_s: float
-    ) -> TestRun:
+        self,
+        image: Path,
+        tar: bytes,
+        files: dict[str, bytes],
+        command: str,
+        timeout_s: float,
+        fetch: str | None = None,
+    ) -> tuple[CommandRun, bytes | None]:
+        """Run ``command`` on the tree ``tar`` at /testbed, with ``files`` (absolute paths) written first;
+        returns the run and the content of ``fetch`` afterwards (None if absent)."""
         async with self._slots:
             cfg = sandbox_config(image, backend=self.opts.backend, timeout_s=timeout_s)
             async with self.manager.sandbox(cfg, owner="swe-build") as sb:
                 await sb.tools.upload_bytes(tar, "/testbed")
-                for rel, data in files.items():
-                    await sb.tools.write_file(f"/testbed/{rel}", data)
-                return await run_command(sb, command, timeout_s=timeout_s)
+                dirs = sorted({str(Path(p).parent) for p in files if not p.startswith("/testbed/")})
+                if dirs:
+                    await sb.tools.bash("mkdir -p " + " ".join(shlex.quote(d) for d in dirs), timeout=30)
+                for path, data in files.items():
+                    await sb.tools.write_file(path, data)
+                run = await run_command(sb, command, timeout_s=timeout_s)
+                extra = None
+                if fetch is not None:
+                    try:
+                        extra = await sb.tools.read_file(fetch)
+                    except RaasError:
+                        extra = None
+                return run, extra
+
+    async def _coverage(
+        self, spec: PackageSpec, env: Path, tar: bytes, sources: list[str], suite: str, timeout_s: float
+    ) -> coverage.LineCoverage | None:
+        """Per-line test counts from one traced run of the suite (None if that run failed)."""
+        plugin = {f"{coverage.PLUGIN_DIR}/{coverage.PLUGIN_MODULE}.py": coverage.PLUGIN_SOURCE.encode()}
+        files = ":".join(f"/testbed/{rel}" for rel in sources)
+        command = (
+            f"env PYTHONPATH={coverage.PLUGIN_DIR} {coverage.ENV_FILES}={shlex.quote(files)} "
+            f"{suite} -p {coverage.PLUGIN_MODULE}"
+        )
+        run, data = await self._run(env, tar, plugin, command, timeout_s, fetch=coverage.OUTPUT)
+        if run.timed_out or data is None:
+            return None
+        try:
+            return coverage.LineCoverage.parse(data.decode())
+        except (ValueError, TypeError):
+            return None
 
     async def _package(self, spec: PackageSpec) -> tuple[list[SweRecord], PackageReport]:
         t0 = time.monotonic()
@@ -330,7 +366,7 @@ class Builder:
         tar = await asyncio.to_thread(tar_directory, root)
         self.progress(spec.name, "baseline", report)
         suite = pytest_command(spec, spec.tests)
-        base_run = await self._run(env, tar, {}, suite, opts.suite_timeout_s)
+        base_run, _ = await self._run(env, tar, {}, suite, opts.suite_timeout_s)
         baseline = grading.parse_test_output(base_run.output, LOG_PARSER)
         passing = {t for t, s in baseline.items() if s == "PASSED"}
         if base_run.timed_out or base_run.exit_code not in (0, 1) or not passing:
@@ -345,6 +381,11 @@ class Builder:
 
         mutations = await asyncio.to_thread(all_mutations, spec, root, opts.mutators)
         candidates = order_candidates(mutations, opts.seed)
+        sources = sorted({m.file for m in mutations})
+        self.progress(spec.name, "coverage", report)
+        cov = await self._coverage(spec, env, tar, sources, suite, timeout)
+        if cov is not None:
+            candidates = coverage.prioritize(candidates, cov, opts.max_failing)
         report.candidates = len(candidates)
         budget = opts.max_candidates or 15 * opts.per_package
         used_functions: set[tuple[str, str]] = set()
@@ -363,18 +404,20 @@ class Builder:
                     continue
                 window.append(m)
             runs = await asyncio.gather(
-                *(self._run(env, tar, {m.file: m.mutated.encode()}, suite, timeout) for m in window)
+                *(
+                    self._run(env, tar, {f"/testbed/{m.file}": m.mutated.encode()}, suite, timeout)
+                    for m in window
+                )
             )
-            for m, run in zip(window, runs, strict=True):
+            for m, (run, _) in zip(window, runs, strict=True):
                 report.tried += 1
                 if len(records) >= opts.per_package or (m.file, m.function) in used_functions:
                     continue
                 status = grading.parse_test_output(run.output, LOG_PARSER)
                 verdict = judge(baseline, status, safe, run, opts.max_failing)
                 if verdict.reason == "accepted":
-                    record = await self._assemble(
-                        spec, root, env, m, verdict, baseline, status, safe, run, timestamp, work
-                    )
+                    accepted = Accepted(verdict.fail_to_pass, baseline, status, safe, run.output, timestamp)
+                    record = await self._assemble(spec, root, env, m, accepted, work)
                     if record is None:
                         verdict.reason = "verification_failed"
                     else:

@@ -99,6 +99,7 @@ class Mutation:
     function: str  # qualified name, e.g. ``LRUCache.popitem``
     functions: tuple[str, ...]  # the function and the functions around it (no classes), outermost first
     lineno: int
+    end_lineno: int  # the site's last line (for an if-statement removal: its condition's line)
     description: str  # e.g. "`<` became `>=`"; for logs and metadata, never for problem statements
     original: str  # the whole module before
     mutated: str  # the whole module after
@@ -118,6 +119,7 @@ class _Site:
     text: Callable[[str], str | None]  # the module text with the site rewritten
     description: str
     lineno: int = 0
+    end_lineno: int = 0
 
 
 class _Offsets:
@@ -409,7 +411,7 @@ class DropBranch(Mutator):
                 return None  # not alone on its line (e.g. ``elif``, or ``x; if``)
             return "".join(lines[: first - 1] + lines[last:])
 
-        return _Site(parent, func, edit, text, "an if-statement was removed", lineno=first)
+        return _Site(parent, func, edit, text, "an if-statement was removed", lineno=first, end_lineno=first)
 
 
 MUTATORS: dict[str, Mutator] = {
@@ -482,6 +484,7 @@ def find_mutations(source: str, path: str, mutators: list[str] | None = None) ->
                     function=site.func,
                     functions=function_names(tree, site.func),
                     lineno=site.lineno or getattr(site.node, "lineno", 0),
+                    end_lineno=site.end_lineno or getattr(site.node, "end_lineno", 0) or 0,
                     description=site.description,
                     original=source,
                     mutated=mutated,

@@ -41,7 +41,8 @@ class Secrets:
 def secrets_for(file: str, functions: Sequence[str], top_modules: Sequence[str]) -> Secrets:
     """Secrets of a mutation in ``file`` (repository-relative) inside ``functions`` (innermost last)."""
     parts = file.split("/")
-    paths = {file, parts[-1]}
+    # A bare ``__init__.py`` names no place (every package has one): its directory does.
+    paths = {file, "/".join(parts[-2:]) if parts[-1] == "__init__.py" else parts[-1]}
     if parts[0] == "src" and len(parts) > 1:
         paths.add("/".join(parts[1:]))
     stem = [p for p in parts if p != "src"]
@@ -68,7 +69,8 @@ def failure_sections(log: str) -> dict[str, list[str]]:
             continue
         m = _HEADER.match(line)
         if m:
-            current = out.setdefault(m.group(1), [])
+            title = re.sub(r"^ERROR at (?:setup|teardown|call) of ", "", m.group(1))
+            current = out.setdefault(title, [])
             continue
         if current is not None:
             current.append(line)
@@ -100,8 +102,14 @@ def test_excerpt(
             continue
         if in_test_frame and line.strip():
             keep.append(line)
-    # Error lines belong to the innermost frame; only the last exception's lines are shown.
-    body = keep[-(MAX_LINES_PER_TEST - min(len(errors), 8)) :] + errors[:8]
+    # An error line that names a secret keeps only the exception's type.
+    shown: list[str] = []
+    for line in errors[:8]:
+        if not secrets.leaks(line, allowed):
+            shown.append(line)
+        elif not shown and (kind := _error_kind([line])) != "test failure":
+            shown.append(f"E   {kind}: ...")
+    body = keep[-(MAX_LINES_PER_TEST - len(shown)) :] + shown
     return [ln for ln in body if not secrets.leaks(ln, allowed)]
 
 

@@ -26,7 +26,7 @@ APPLY_TIMEOUT_S = 60.0
 
 
 @dataclass
-class TestRun:
+class CommandRun:
     """One run of a test command."""
 
     exit_code: int | None
@@ -57,7 +57,9 @@ def sandbox_config(
     )
 
 
-async def run_command(sb: Sandbox, command: str, *, timeout_s: float, workdir: str = "/testbed") -> TestRun:
+async def run_command(
+    sb: Sandbox, command: str, *, timeout_s: float, workdir: str = "/testbed"
+) -> CommandRun:
     """Run ``command`` in ``workdir``; its combined output is read back from a file, uncapped."""
     t0 = time.monotonic()
     res = await sb.tools.bash(
@@ -67,7 +69,7 @@ async def run_command(sb: Sandbox, command: str, *, timeout_s: float, workdir: s
         raw = await sb.tools.read_file(TEST_LOG)
     except RaasError:
         raw = b""
-    return TestRun(
+    return CommandRun(
         exit_code=None if res.timed_out else res.exit_code,
         output=raw.decode("utf-8", errors="replace"),
         timed_out=res.timed_out,
@@ -92,7 +94,7 @@ class EvalResult:
     patch_applied: bool  # False: the model's patch did not apply (nothing was run)
     apply_output: str
     test_patch_applied: bool = False
-    run: TestRun | None = None
+    run: CommandRun | None = None
     grade: grading.Grade | None = None
 
     @property

@@ -250,7 +250,13 @@ class _CompareOpMutator(Mutator):
                     n.ops = [new()]
                     return n
 
-                def text(src: str, a: int = left_end, b: int = right_start, old=old, new=new) -> str | None:
+                def text(
+                    src: str,
+                    a: int = left_end,
+                    b: int = right_start,
+                    old: type[ast.cmpop] = old,
+                    new: type[ast.cmpop] = new,
+                ) -> str | None:
                     return _replace_in_gap(src, a, b, _CMP_PATTERN[old], _CMP_TEXT[new])
 
                 yield _Site(node, func_name, edit, text, f"`{_CMP_TEXT[old]}` became `{_CMP_TEXT[new]}`")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Collection
 from pathlib import Path
 
 from raas.errors import RaasError
@@ -68,7 +69,7 @@ def commit_tree(repo: Path, timestamp: int) -> str:
     return git(repo, "rev-parse", "HEAD", timestamp=timestamp).strip()
 
 
-def copy_tree(src: Path, dest: Path, *, skip: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+def copy_tree(src: Path, dest: Path, *, skip: Collection[str] = ()) -> None:
     """Copy a source tree (no ``.git``), leaving out the relative paths in ``skip``."""
 
     def ignore(dirpath: str, names: list[str]) -> set[str]:

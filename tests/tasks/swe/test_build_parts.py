@@ -189,3 +189,18 @@ def test_patches_apply_and_the_repository_holds_one_commit_only(tmp_path: Path) 
     (testbed / "pkg/__pycache__").mkdir()
     (testbed / "pkg/__pycache__/mod.cpython-311.pyc").write_bytes(b"x")
     assert "__pycache__" not in _git(testbed, "status", "--porcelain")
+
+
+def test_builder_refuses_bad_options(tmp_path: Path) -> None:
+    from raas.sandbox import SandboxManager
+    from raas.tasks.swe.build import BuildOptions, Builder
+
+    manager = SandboxManager(tmp_path / "state")
+    for opts in (
+        BuildOptions(packages=["six"], per_package=0),
+        BuildOptions(packages=["six"], mutators=["rename_everything"]),
+        BuildOptions(packages=["nope"]),
+    ):
+        with pytest.raises(RaasError) as e:
+            Builder(opts, manager)
+        assert e.value.kind == "bad_request"

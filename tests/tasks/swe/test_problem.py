@@ -29,6 +29,7 @@ E   KeyError: 'popitem(): LRUCache is empty'
 _____________________ LRUCacheTest.test_lru_getsizeof[big] _____________________
 tests/test_lru.py:40: in test_lru_getsizeof
     self.assertEqual(len(cache), 2)
+    ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
 E   AssertionError: 3 != 2
 ==================================== PASSES ====================================
 =========================== short test summary info ============================
@@ -69,6 +70,7 @@ def test_statement_names_the_tests_and_their_errors_but_not_the_bug() -> None:
     assert "KeyError" in text  # the error kind, even where its message had to go
     assert not _mentions(text, FAILING, ["popitem"], ["cachetools/__init__.py", "src/cachetools"])
     assert "src/cachetools/__init__.py:88" not in text  # no frame inside the package
+    assert "^^^" not in text  # position markers are noise
 
 
 def test_a_test_named_after_the_function_keeps_its_name() -> None:

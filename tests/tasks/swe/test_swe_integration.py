@@ -30,7 +30,8 @@ from raas.tasks.swe.packages import FAST_PACKAGES
 from raas.tasks.swe.records import SweRecord, read_jsonl, validate_record
 from raas.tasks.swe.runner import EvalResult, evaluate, sandbox_config
 
-pytestmark = pytest.mark.integration
+# The first test pays for building the small set on a fresh machine (~3-5 minutes on 2 cores).
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
 SMALL_SET = {"packages": list(FAST_PACKAGES), "per_package": 4, "seed": 0, "jobs": 2}
 T = TypeVar("T")

@@ -39,7 +39,7 @@ from .packages import PackageSpec, fetch_sdist, get_package, sdist_time, unpack_
 from .records import SweRecord
 from .runner import CommandRun, evaluate, run_command, sandbox_config
 
-BUILD_VERSION = 1  # bump when what a build produces changes (invalidates cached package results)
+BUILD_VERSION = 2  # bump when what a build produces changes (invalidates cached package results)
 LOG_PARSER = "parse_log_pytest"
 _STATUS_LINE = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL", "XPASS")
 
@@ -249,7 +249,14 @@ class Builder:
         self._slots = asyncio.Semaphore(max(1, opts.jobs))
 
     async def build(self) -> tuple[list[SweRecord], list[PackageReport]]:
-        results = await asyncio.gather(*(self._package(s) for s in self.specs))
+        """All packages at once (their sandbox runs share the ``jobs`` slots); the first package that
+        fails stops the others and its error is raised."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(self._package(s)) for s in self.specs]
+        except* RaasError as group:
+            raise group.exceptions[0] from None
+        results = [t.result() for t in tasks]
         records = [r for recs, _ in results for r in recs]
         return records, [rep for _, rep in results]
 

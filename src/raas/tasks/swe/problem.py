@@ -17,6 +17,7 @@ from dataclasses import dataclass
 _HEADER = re.compile(r"^_{2,} (.+?) _{2,}$")
 _SECTION = re.compile(r"^={5,} .* ={5,}$")
 _FRAME = re.compile(r"^(\S+?):(\d+): in (\S+)$")
+_CARETS = re.compile(r"^\s*[\^~]+\s*$")  # Python 3.11's position markers under a traceback line
 MAX_DETAILED = 3
 MAX_LINES_PER_TEST = 14
 MAX_LISTED = 20
@@ -100,7 +101,7 @@ def test_excerpt(
         if line.startswith("E "):
             errors.append(line)
             continue
-        if in_test_frame and line.strip():
+        if in_test_frame and line.strip() and not _CARETS.match(line):
             keep.append(line)
     # An error line that names a secret keeps only the exception's type.
     shown: list[str] = []

@@ -19,6 +19,7 @@ import copy
 import hashlib
 import io
 import re
+import threading
 import tokenize
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -454,8 +455,18 @@ def _follow(tree: ast.AST, path: list[tuple[str, int | None]]) -> ast.AST:
     return node
 
 
+# CPython 3.11's AST constructor keeps a recursion counter that concurrent parses in threads corrupt
+# ("SystemError: AST constructor recursion depth mismatch"); builds parse packages from worker threads.
+_AST_LOCK = threading.Lock()
+
+
 def find_mutations(source: str, path: str, mutators: list[str] | None = None) -> list[Mutation]:
     """Every verified single-site mutation of ``source`` (a module at ``path``) by the given mutators."""
+    with _AST_LOCK:
+        return _find_mutations(source, path, mutators)
+
+
+def _find_mutations(source: str, path: str, mutators: list[str] | None) -> list[Mutation]:
     try:
         tree = ast.parse(source)
     except SyntaxError:

@@ -193,7 +193,7 @@ def test_patches_apply_and_the_repository_holds_one_commit_only(tmp_path: Path) 
 
 def test_builder_refuses_bad_options(tmp_path: Path) -> None:
     from raas.sandbox import SandboxManager
-    from raas.tasks.swe.build import BuildOptions, Builder
+    from raas.tasks.swe.build import Builder, BuildOptions
 
     manager = SandboxManager(tmp_path / "state")
     for opts in (

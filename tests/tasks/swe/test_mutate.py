@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import textwrap
 from typing import Any
 
 import pytest
 
-from raas.tasks.swe.mutate import MUTATORS, Mutation, changed_lines, find_mutations
+from raas.tasks.swe.mutate import MUTATORS, Mutation, candidate_mutations, changed_lines, find_mutations
 
 pytestmark = pytest.mark.unit
 
@@ -172,3 +173,21 @@ def test_unicode_columns_are_handled() -> None:
     assert [_diff(m) for m in ms] == [
         ['-    return "é" + s if len(s) < 3 else s', '+    return "é" + s if len(s) >= 3 else s']
     ]
+
+
+def test_candidates_are_verified_before_use() -> None:
+    cands = candidate_mutations(MODULE, "pkg/mod.py")
+    assert len(cands) == len(find_mutations(MODULE, "pkg/mod.py"))  # every text edit here is exact
+    m = next(c for c in cands if c.mutator == "swap_operands")
+    assert m.verify()
+
+    def variant(text: str) -> Mutation:
+        check = m._check
+        assert check is not None
+        return dataclasses.replace(m, mutated=text, _check=type(check)(check.tree, check.func, check.site))
+
+    # A rewrite that also changes something else in the function, or outside it, is refused.
+    assert not variant(m.mutated.replace("return b - a", "return b - a - 0")).verify()
+    assert not variant(m.mutated.replace("LIMIT = 10", "LIMIT = 11")).verify()
+    assert not variant(m.mutated.replace("return b - a", "return b -")).verify()
+    assert variant(m.mutated).verify()

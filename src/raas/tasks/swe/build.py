@@ -34,7 +34,7 @@ from raas.sandbox.client import tar_directory
 from raas.sandbox.images import image_cache_dir
 
 from . import coverage, envimage, grading, problem, repo
-from .mutate import MUTATORS, Mutation, find_mutations
+from .mutate import MUTATORS, Mutation, candidate_mutations
 from .packages import PackageSpec, fetch_sdist, get_package, sdist_time, unpack_sdist
 from .records import SweRecord
 from .runner import CommandRun, evaluate, run_command, sandbox_config
@@ -122,12 +122,12 @@ def order_candidates(mutations: list[Mutation], seed: int) -> list[Mutation]:
 
 
 def all_mutations(spec: PackageSpec, root: Path, mutators: Sequence[str]) -> list[Mutation]:
-    """Every candidate bug in the package's source files (sorted by file)."""
+    """Every candidate bug in the package's source files (sorted by file), not yet verified."""
     out: list[Mutation] = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).as_posix()
         if spec.is_source(rel):
-            out += find_mutations(path.read_text(encoding="utf-8"), rel, list(mutators))
+            out += candidate_mutations(path.read_text(encoding="utf-8"), rel, list(mutators))
     return out
 
 
@@ -408,6 +408,9 @@ class Builder:
                 if (m.file, m.function) in used_functions or any(
                     (w.file, w.function) == (m.file, m.function) for w in window
                 ):
+                    continue
+                if not await asyncio.to_thread(m.verify):
+                    rejected["not_exact"] += 1
                     continue
                 window.append(m)
             runs = await asyncio.gather(

@@ -17,12 +17,11 @@ from __future__ import annotations
 import ast
 import copy
 import hashlib
-import io
 import re
 import threading
-import tokenize
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 # Comparison negations (flip) and boundary shifts (off-by-one).
 _NEGATED: dict[type[ast.cmpop], type[ast.cmpop]] = {
@@ -104,6 +103,11 @@ class Mutation:
     description: str  # e.g. "`<` became `>=`"; for logs and metadata, never for problem statements
     original: str  # the whole module before
     mutated: str  # the whole module after
+    _check: _Check | None = dataclass_field(default=None, repr=False, compare=False)
+
+    def verify(self) -> bool:
+        """Whether the rewrite is exactly the intended one-node change (computed once)."""
+        return self._check is None or self._check(self.original, self.mutated)
 
     @property
     def key(self) -> str:
@@ -462,60 +466,93 @@ _AST_LOCK = threading.Lock()
 
 def find_mutations(source: str, path: str, mutators: list[str] | None = None) -> list[Mutation]:
     """Every verified single-site mutation of ``source`` (a module at ``path``) by the given mutators."""
+    return [m for m in candidate_mutations(source, path, mutators) if m.verify()]
+
+
+def candidate_mutations(source: str, path: str, mutators: list[str] | None = None) -> list[Mutation]:
+    """Every single-site rewrite of ``source``, not yet verified (cheap: one parse per module; a build
+    verifies only the candidates it tries, with :meth:`Mutation.verify`)."""
     with _AST_LOCK:
-        return _find_mutations(source, path, mutators)
-
-
-def _find_mutations(source: str, path: str, mutators: list[str] | None) -> list[Mutation]:
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []
-    off = _Offsets(source)
-    original_dump = ast.dump(tree)
-    out: list[Mutation] = []
-    for name in mutators or list(MUTATORS):
-        mutator = MUTATORS[name]
-        for site in mutator.sites(tree, off):
-            mutated = site.text(source)
-            if mutated is None or mutated == source:
-                continue
-            where = _locate(tree, site.node)
-            if not where:
-                continue
-            expected = copy.deepcopy(tree)
-            site.edit(_follow(expected, where))
-            try:
-                got = ast.parse(mutated)
-            except SyntaxError:
-                continue
-            got_dump = ast.dump(got)
-            if got_dump != ast.dump(expected) or got_dump == original_dump:
-                continue
-            if not _tokens_ok(mutated):
-                continue
-            out.append(
-                Mutation(
-                    mutator=name,
-                    file=path,
-                    function=site.func,
-                    functions=function_names(tree, site.func),
-                    lineno=site.lineno or getattr(site.node, "lineno", 0),
-                    end_lineno=site.end_lineno or getattr(site.node, "end_lineno", 0) or 0,
-                    description=site.description,
-                    original=source,
-                    mutated=mutated,
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            return []
+        off = _Offsets(source)
+        functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+        for qualname, node in _functions(tree):
+            functions.setdefault(qualname, []).append(node)
+        names: dict[str, tuple[str, ...]] = {}
+        out: list[Mutation] = []
+        for name in mutators or list(MUTATORS):
+            for site in MUTATORS[name].sites(tree, off):
+                mutated = site.text(source)
+                if mutated is None or mutated == source:
+                    continue
+                lineno = site.lineno or getattr(site.node, "lineno", 0)
+                func = next(
+                    (f for f in functions.get(site.func, []) if f.lineno <= lineno <= (f.end_lineno or 0)),
+                    None,
                 )
-            )
-    return out
+                if func is None:
+                    continue
+                if site.func not in names:
+                    names[site.func] = function_names(tree, site.func)
+                out.append(
+                    Mutation(
+                        mutator=name,
+                        file=path,
+                        function=site.func,
+                        functions=names[site.func],
+                        lineno=lineno,
+                        end_lineno=site.end_lineno or getattr(site.node, "end_lineno", 0) or lineno,
+                        description=site.description,
+                        original=source,
+                        mutated=mutated,
+                        _check=_Check(tree, func, site),
+                    )
+                )
+        return out
 
 
-def _tokens_ok(source: str) -> bool:
-    try:
-        list(tokenize.generate_tokens(io.StringIO(source).readline))
-    except (tokenize.TokenError, SyntaxError):
-        return False
-    return True
+class _Check:
+    """Verifies a rewrite: the mutated module parses, and the mutated function's AST equals the original
+    function's with exactly the site's edit applied (the text outside the function is untouched by
+    construction, and checked too)."""
+
+    def __init__(self, tree: ast.Module, func: ast.FunctionDef | ast.AsyncFunctionDef, site: _Site) -> None:
+        self.tree, self.func, self.site = tree, func, site
+        self.result: bool | None = None
+
+    def __call__(self, original: str, mutated: str) -> bool:
+        if self.result is None:
+            with _AST_LOCK:
+                self.result = self._check(original, mutated)
+        return self.result
+
+    def _check(self, original: str, mutated: str) -> bool:
+        off = _Offsets(original)
+        first = self.func.decorator_list[0].lineno if self.func.decorator_list else self.func.lineno
+        start = off.starts[first - 1]
+        end = off.starts[self.func.end_lineno or self.func.lineno]
+        tail = len(original) - end
+        if mutated[:start] != original[:start] or mutated[len(mutated) - tail :] != original[end:]:
+            return False
+        try:
+            got = ast.parse(mutated)
+        except SyntaxError:
+            return False
+        where = _locate(self.tree, self.func)
+        inner = _locate(self.func, self.site.node) if self.site.node is not self.func else []
+        if not where or (self.site.node is not self.func and not inner):
+            return False
+        expected = copy.deepcopy(self.func)
+        self.site.edit(_follow(expected, inner))
+        try:
+            got_func = _follow(got, where)
+        except (AttributeError, IndexError):
+            return False
+        got_dump = ast.dump(got_func)
+        return got_dump == ast.dump(expected) and got_dump != ast.dump(self.func)
 
 
 def changed_lines(m: Mutation) -> list[str]:

@@ -179,6 +179,24 @@ async def test_gold_resolves_and_empty_wrong_and_broken_patches_do_not(
         assert "error" in broken.apply_output.lower() or "patch" in broken.apply_output.lower()
 
 
+async def test_a_patch_with_stale_context_applies_with_fuzz_as_in_swebench(
+    swe_set: list[SweRecord], sandbox_manager: SandboxManager
+) -> None:
+    r = swe_set[0]
+    lines = r.patch.split("\n")
+    first_hunk = next(i for i, ln in enumerate(lines) if ln.startswith("@@"))
+    ctx = next(i for i in range(first_hunk + 1, len(lines)) if lines[i].startswith(" "))
+    lines[ctx] = lines[ctx] + "  # this context line has drifted"
+    stale = "\n".join(lines)
+    res = await _eval(sandbox_manager, r, stale)
+    assert res.patch_applied and res.apply_method == "patch --fuzz" and res.resolved, res.apply_output
+    gold = await _eval(sandbox_manager, r, r.patch)
+    assert gold.apply_method == "git apply" and gold.resolved
+    async with sandbox_manager.sandbox(sandbox_config(r.image), owner="test") as sb:
+        res = await evaluate(sb, r.model_dump(), stale, fuzzy=False)
+        assert not res.patch_applied and res.run is None
+
+
 async def test_a_patch_that_plants_the_hidden_tests_is_not_resolved(
     swe_set: list[SweRecord], sandbox_manager: SandboxManager
 ) -> None:

@@ -384,7 +384,7 @@ class Builder:
             )
         safe = safe_test_ids(base_run.output)
         report.tests, report.baseline_s = len(passing), round(base_run.seconds, 2)
-        timeout = min(opts.suite_timeout_s, max(60.0, 10 * base_run.seconds))
+        timeout = min(opts.suite_timeout_s, max(30.0, 6 * base_run.seconds))  # loops forever: rejected
 
         mutations = await asyncio.to_thread(all_mutations, spec, root, opts.mutators)
         candidates = order_candidates(mutations, opts.seed)

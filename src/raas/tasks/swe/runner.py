@@ -77,14 +77,28 @@ async def run_command(
     )
 
 
-async def apply_patch(sb: Sandbox, patch: str, name: str, *, workdir: str = "/testbed") -> tuple[bool, str]:
-    """``git apply`` a patch in ``workdir``; (applied, git's output)."""
+async def apply_patch(
+    sb: Sandbox, patch: str, name: str, *, workdir: str = "/testbed", fuzzy: bool = False
+) -> tuple[str | None, str]:
+    """Apply a patch in ``workdir``: ``git apply``, then (``fuzzy``) SWE-bench's fallback
+    ``patch --batch --fuzz=5 -p1``. Returns (the method that applied it or None, the tools' output)."""
     path = f"/tmp/raas-{name}.patch"
     await sb.tools.write_file(path, patch.encode("utf-8"))
-    res = await sb.tools.bash(
-        f"cd {shlex.quote(workdir)} && git apply --verbose {path}", timeout=APPLY_TIMEOUT_S
+    wd = shlex.quote(workdir)
+    res = await sb.tools.bash(f"cd {wd} && git apply --verbose {path}", timeout=APPLY_TIMEOUT_S)
+    if res.exit_code == 0:
+        return "git apply", res.output
+    if not fuzzy:
+        return None, res.output
+    # A failed `patch` may have applied some hunks: restore the tracked files it touched first.
+    fb = await sb.tools.bash(
+        f"cd {wd} && patch --batch --fuzz=5 -p1 --no-backup-if-mismatch -r - -i {path}",
+        timeout=APPLY_TIMEOUT_S,
     )
-    return res.exit_code == 0, res.output
+    if fb.exit_code == 0:
+        return "patch --fuzz", res.output + fb.output
+    await sb.tools.bash(f"cd {wd} && git checkout -- . 2>/dev/null; true", timeout=APPLY_TIMEOUT_S)
+    return None, res.output + fb.output
 
 
 @dataclass
@@ -93,6 +107,7 @@ class EvalResult:
 
     patch_applied: bool  # False: the model's patch did not apply (nothing was run)
     apply_output: str
+    apply_method: str | None = None  # "git apply" or "patch --fuzz" (None: empty patch or not applied)
     test_patch_applied: bool = False
     run: CommandRun | None = None
     grade: grading.Grade | None = None
@@ -103,22 +118,23 @@ class EvalResult:
 
 
 async def evaluate(
-    sb: Sandbox, record: Mapping[str, Any], model_patch: str, *, timeout_s: float = 300.0
+    sb: Sandbox, record: Mapping[str, Any], model_patch: str, *, timeout_s: float = 300.0, fuzzy: bool = True
 ) -> EvalResult:
     """SWE-bench's evaluation in ``sb`` (started from the record's image, the repository at its
-    ``workdir`` and ``base_commit``): apply the model patch (``git apply``; an empty patch is skipped),
-    apply ``test_patch``, run ``test_cmd``, grade with SWE-bench's parser and grading functions."""
+    ``workdir`` and ``base_commit``): apply the model patch (``git apply``, then ``patch --fuzz`` unless
+    ``fuzzy`` is off; an empty patch is skipped), apply ``test_patch``, run ``test_cmd``, grade with
+    SWE-bench's parser and grading functions."""
     workdir = str(record.get("workdir", "/testbed"))
-    out = ""
+    out, method = "", None
     if model_patch.strip():
-        ok, out = await apply_patch(sb, model_patch, "model", workdir=workdir)
-        if not ok:
+        method, out = await apply_patch(sb, model_patch, "model", workdir=workdir, fuzzy=fuzzy)
+        if method is None:
             return EvalResult(patch_applied=False, apply_output=out)
-    ok, test_out = await apply_patch(sb, str(record["test_patch"]), "test", workdir=workdir)
-    if not ok:
-        return EvalResult(patch_applied=True, apply_output=out + test_out, test_patch_applied=False)
+    applied, test_out = await apply_patch(sb, str(record["test_patch"]), "test", workdir=workdir)
+    if applied is None:
+        return EvalResult(True, out + test_out, method, test_patch_applied=False)
     run = await run_command(sb, str(record["test_cmd"]), timeout_s=timeout_s, workdir=workdir)
     if run.timed_out:
-        return EvalResult(True, out, True, run, None)
+        return EvalResult(True, out, method, True, run, None)
     grade = await asyncio.to_thread(grading.grade, record, run.output, run.exit_code)
-    return EvalResult(True, out, True, run, grade)
+    return EvalResult(True, out, method, True, run, grade)

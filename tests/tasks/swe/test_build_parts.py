@@ -204,3 +204,23 @@ def test_builder_refuses_bad_options(tmp_path: Path) -> None:
         with pytest.raises(RaasError) as e:
             Builder(opts, manager)
         assert e.value.kind == "bad_request"
+
+
+def test_sdist_time_never_gives_git_a_1970_date(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    from raas.tasks.swe.packages import EARLIEST_TIME, sdist_time
+
+    def sdist(times: dict[str, int]) -> Path:
+        path = tmp_path / f"p-{len(list(tmp_path.iterdir()))}.tar.gz"
+        with tarfile.open(path, "w:gz") as tar:
+            for name, mtime in times.items():
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime = 1, mtime
+                tar.addfile(info, io.BytesIO(b"x"))
+        return path
+
+    assert sdist_time(sdist({"p-1/PKG-INFO": 1600000000, "p-1/a.py": 1700000000})) == 1600000000
+    assert sdist_time(sdist({"p-1/PKG-INFO": 0, "p-1/a.py": 1700000000})) == 1700000000  # flit, epoch 0
+    assert sdist_time(sdist({"p-1/PKG-INFO": 0})) == EARLIEST_TIME

@@ -221,10 +221,19 @@ def unpack_sdist(sdist: Path, dest: Path) -> Path:
     return tops[0]
 
 
+# Sdists made with SOURCE_DATE_EPOCH=0 carry 1970 times, which git refuses as a commit date.
+EARLIEST_TIME = 946684800  # 2000-01-01T00:00:00Z
+
+
 def sdist_time(sdist: Path) -> int:
-    """When the sdist was made (its PKG-INFO's mtime): the commit date of every instance built from it."""
+    """When the sdist was made (its PKG-INFO's mtime, else its newest member's): the commit date of every
+    instance built from it."""
     with tarfile.open(sdist, "r:gz") as tar:
-        for m in tar.getmembers():
-            if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO"):
-                return int(m.mtime)
-    return 0
+        members = tar.getmembers()
+    pkg_info = [int(m.mtime) for m in members if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO")]
+    when = (
+        pkg_info[0]
+        if pkg_info and pkg_info[0] >= EARLIEST_TIME
+        else max((int(m.mtime) for m in members), default=0)
+    )
+    return max(when, EARLIEST_TIME)

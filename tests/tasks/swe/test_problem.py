@@ -90,6 +90,16 @@ def test_test_lines_that_call_the_function_are_left_out() -> None:
     assert not _mentions(text, FAILING, ["popitem"], [])
 
 
+def test_the_title_names_the_error_kind() -> None:
+    secrets = secrets_for("src/cachetools/__init__.py", ["popitem"], ["cachetools"])
+    text = write_problem_statement("cachetools", FAILING, LOG, TEST_FILES, secrets)
+    assert text.startswith("cachetools: KeyError in LRUCacheTest.test_lru_insert (and 1 more failing test)")
+    bare = LOG.replace("E   KeyError: 'popitem(): LRUCache is empty'", "E   assert 3 == 2")
+    assert write_problem_statement("cachetools", FAILING, bare, TEST_FILES, secrets).startswith(
+        "cachetools: AssertionError in"
+    )
+
+
 def test_submodule_names_are_secret_but_the_package_name_is_not() -> None:
     s = secrets_for("boltons/iterutils.py", ["chunked", "_inner"], ["boltons"])
     assert set(s.paths) >= {"boltons/iterutils.py", "iterutils.py", "boltons.iterutils"}

@@ -39,7 +39,7 @@ from .packages import PackageSpec, fetch_sdist, get_package, sdist_time, unpack_
 from .records import SweRecord
 from .runner import CommandRun, evaluate, run_command, sandbox_config
 
-BUILD_VERSION = 2  # bump when what a build produces changes (invalidates cached package results)
+BUILD_VERSION = 3  # bump when what a build produces changes (invalidates cached package results)
 LOG_PARSER = "parse_log_pytest"
 _STATUS_LINE = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL", "XPASS")
 

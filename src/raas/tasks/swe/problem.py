@@ -119,6 +119,8 @@ def _error_kind(lines: list[str]) -> str:
         m = re.match(r"^E\s+([A-Za-z_][\w.]*(?:Error|Exception|Exit|Warning|Interrupt))\b", line)
         if m:
             return m.group(1).rsplit(".", 1)[-1]
+        if re.match(r"^E\s+assert\b", line):  # a bare assert, as pytest rewrites it
+            return "AssertionError"
     return "test failure"
 
 

@@ -20,11 +20,23 @@ from raas.tasks.base import TaskHandler
 ENTRY_POINT_GROUP = "raas.tasks"
 
 
-def builtin_handlers() -> dict[str, type[TaskHandler]]:
-    """The handlers raas itself ships."""
-    from raas.tasks.math import MathHandler
+CODE_ALIASES = ("humaneval", "codecontests", "deepcoder")
+"""Other ``data_source`` names the code handler answers to (datasets name themselves)."""
 
-    return {MathHandler.name: MathHandler}
+
+def builtin_handlers() -> dict[str, type[TaskHandler]]:
+    """The handlers raas itself ships, by every ``data_source`` they answer to."""
+    from raas.tasks.code import CodeHandler
+    from raas.tasks.math import MathHandler
+    from raas.tasks.stem import StemHandler
+
+    handlers: dict[str, type[TaskHandler]] = {
+        MathHandler.name: MathHandler,
+        CodeHandler.name: CodeHandler,
+        StemHandler.name: StemHandler,
+    }
+    handlers.update({alias: CodeHandler for alias in CODE_ALIASES})
+    return handlers
 
 
 def load_handler_class(target: str) -> type[TaskHandler]:

@@ -351,19 +351,19 @@ class CodeHandler(TaskHandler):
             )
         out: list[_TestResult] = []
         for entry in statuses:
-            i = entry.get("id")
-            if not isinstance(i, int) or i not in batch:
+            index = entry.get("id")
+            if not isinstance(index, int) or isinstance(index, bool) or index not in batch:
                 continue
             status = str(entry.get("status"))
             time_s = entry.get("time_s") if isinstance(entry.get("time_s"), int | float) else None
             stderr = str(entry.get("stderr", ""))[-400:]
             if status == "ok":
-                got = await self._read_output(sandbox, f"{base}/{i}.out")
-                ok = got is not None and outputs_match(got, spec.tests[i].output, spec.float_tolerance)
+                got = await self._read_output(sandbox, f"{base}/{index}.out")
+                ok = got is not None and outputs_match(got, spec.tests[index].output, spec.float_tolerance)
                 status = "passed" if ok else "wrong_answer"
             elif status == "error":
                 status = "runtime_error"
-            out.append(_TestResult(i, status, time_s, stderr))
+            out.append(_TestResult(index, status, time_s, stderr))
         return out
 
     async def _read_results(self, sandbox: Any, path: str) -> list[dict[str, Any]] | None:

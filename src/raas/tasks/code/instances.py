@@ -125,13 +125,14 @@ def _tests_of(value: Any, name: str) -> list[IOTest]:
                 raise bad(
                     f"field {name!r}: test {n} has testtype {case['testtype']!r}; only stdin is supported"
                 )
-            ins = next((k for k in ("input", "stdin", "inputs") if k in case), None)
-            outs = next((k for k in ("output", "expected_output", "stdout", "outputs") if k in case), None)
-            if ins is None or outs is None:
+            in_key = next((k for k in ("input", "stdin", "inputs") if k in case), None)
+            out_key = next((k for k in ("output", "expected_output", "stdout", "outputs") if k in case), None)
+            if in_key is None or out_key is None:
                 raise bad(f"field {name!r}: test {n} needs 'input' and 'output'")
             out.append(
                 IOTest(
-                    _text(case[ins], f"{name} test {n} input"), _text(case[outs], f"{name} test {n} output")
+                    _text(case[in_key], f"{name} test {n} input"),
+                    _text(case[out_key], f"{name} test {n} output"),
                 )
             )
         return out
@@ -173,7 +174,7 @@ def _megabytes(instance: dict[str, Any]) -> int:
 def reward_mode_of(value: Any, where: str) -> RewardMode:
     if value not in REWARD_MODES:
         raise bad(f"{where} must be one of {', '.join(REWARD_MODES)}, got {value!r}")
-    return value  # type: ignore[no-any-return]
+    return "all" if value == "all" else "fraction"
 
 
 def _float_tolerance(instance: dict[str, Any]) -> float | None:

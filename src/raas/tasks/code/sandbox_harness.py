@@ -31,13 +31,14 @@ import subprocess
 import sys
 import time
 import traceback
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 VERDICT = "RAAS-VERDICT"
 MAX_FRAME = 64 * 1024 * 1024
 STDERR_TAIL = 400
 
 
-def _no_dump():
+def _no_dump() -> None:
     """Make this process non-dumpable: same-uid processes can no longer read its memory or fds."""
     try:
         import ctypes
@@ -47,16 +48,16 @@ def _no_dump():
         pass
 
 
-def _lower(which, wanted):
-    """Lower a resource limit to ``wanted`` (never raise it above what the sandbox already allows)."""
+def _lower(which: int, wanted: int) -> None:
+    """Set a resource limit to ``wanted``, never above what the sandbox already allows."""
     _soft, hard = resource.getrlimit(which)
     if hard != resource.RLIM_INFINITY:
         wanted = min(wanted, hard)
-    resource.setrlimit(which, (wanted, wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)))
+    resource.setrlimit(which, (wanted, wanted))
 
 
-def _limits(memory_mb, file_bytes):
-    def apply():
+def _limits(memory_mb: int, file_bytes: int) -> Callable[[], None]:
+    def apply() -> None:
         _lower(resource.RLIMIT_AS, memory_mb * 1024 * 1024)
         _lower(resource.RLIMIT_FSIZE, file_bytes)
         _lower(resource.RLIMIT_CORE, 0)
@@ -64,14 +65,14 @@ def _limits(memory_mb, file_bytes):
     return apply
 
 
-def _kill_group(pid):
+def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def _tail(path, limit=STDERR_TAIL):
+def _tail(path: str, limit: int = STDERR_TAIL) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -85,8 +86,8 @@ def _tail(path, limit=STDERR_TAIL):
 # -- run: stdin/stdout tests ----------------------------------------------------------------------------
 
 
-def run_tests(spec):
-    results = []
+def run_tests(spec: Dict[str, Any]) -> None:
+    results = []  # type: List[Dict[str, Any]]
     timeout = float(spec["timeout"])
     memory_mb = int(spec["memory_mb"])
     workdir = spec["workdir"]
@@ -123,8 +124,8 @@ def run_tests(spec):
         _kill_group(proc.pid)  # whatever it left running in its session
         if rc == -signal.SIGXFSZ or os.path.getsize(test["output"]) > cap:
             status = "output_limit"
-            with open(test["output"], "r+b") as f:
-                f.truncate(cap + 1)
+            with open(test["output"], "r+b") as out:
+                out.truncate(cap + 1)
         results.append(
             {
                 "id": test["id"],
@@ -137,8 +138,8 @@ def run_tests(spec):
         if spec.get("stop_on_error") and status != "ok":
             break
     tmp = spec["results"] + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(results, f)
+    with open(tmp, "w") as dest:
+        json.dump(results, dest)
     os.replace(tmp, spec["results"])
 
 
@@ -153,7 +154,7 @@ class Timeout(Exception):
     pass
 
 
-def _send(fd, obj):
+def _send(fd: int, obj: Any) -> None:
     data = repr(obj).encode("utf-8")
     os.write(fd, struct.pack(">Q", len(data)))
     view = memoryview(data)
@@ -162,7 +163,7 @@ def _send(fd, obj):
         view = view[n:]
 
 
-def _read_exact(fd, n, deadline):
+def _read_exact(fd: int, n: int, deadline: Optional[float]) -> bytes:
     chunks = []
     while n > 0:
         if deadline is not None:
@@ -177,7 +178,7 @@ def _read_exact(fd, n, deadline):
     return b"".join(chunks)
 
 
-def _recv(fd, deadline=None):
+def _recv(fd: int, deadline: Optional[float] = None) -> str:
     (n,) = struct.unpack(">Q", _read_exact(fd, 8, deadline))
     if n > MAX_FRAME:
         raise CandidateError("the candidate sent a value larger than %d bytes" % MAX_FRAME)
@@ -187,17 +188,18 @@ def _recv(fd, deadline=None):
 class Candidate:
     """Stands in for the candidate function inside ``check``: each call runs in the child process."""
 
-    def __init__(self, proc, to_child, from_child, deadline):
+    def __init__(
+        self, proc: "subprocess.Popen[bytes]", to_child: int, from_child: int, deadline: float
+    ) -> None:
         self.proc, self.to_child, self.from_child, self.deadline = proc, to_child, from_child, deadline
         self.calls = 0
 
-    def _exchange(self, message):
+    def _exchange(self, message: Tuple[Any, ...]) -> Tuple[Any, ...]:
         try:
             _send(self.to_child, message)
             raw = _recv(self.from_child, self.deadline)
         except (EOFError, BrokenPipeError):
-            code = self.proc.poll()
-            raise CandidateError("the candidate's process exited (code %s)" % code) from None
+            raise CandidateError("the candidate's process exited (code %s)" % (self.proc.poll(),)) from None
         try:
             reply = ast.literal_eval(raw)
         except Exception:
@@ -206,12 +208,12 @@ class Candidate:
             raise CandidateError("the candidate's process sent an unreadable reply")
         return reply
 
-    def load(self, prompt, solution, entry_point):
+    def load(self, prompt: str, solution: str, entry_point: str) -> None:
         reply = self._exchange(("load", prompt, solution, entry_point))
         if reply[0] != "loaded":
             raise CandidateError(str(reply[1]) if len(reply) > 1 else "the solution did not load")
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
         try:
             repr_ok = ast.literal_eval(repr((args, kwargs))) == (args, kwargs)
@@ -225,11 +227,11 @@ class Candidate:
         raise CandidateError(str(reply[1]) if len(reply) > 1 else "the call failed")
 
 
-def child_main(rfd, wfd, memory_mb):
+def child_main(rfd: int, wfd: int, memory_mb: int) -> None:
     """The candidate's side: load the solution, then answer calls until the pipe closes."""
     _lower(resource.RLIMIT_AS, memory_mb * 1024 * 1024)
     _lower(resource.RLIMIT_CORE, 0)
-    fn = None
+    fn = None  # type: Optional[Callable[..., Any]]
     while True:
         try:
             message = ast.literal_eval(_recv(rfd))
@@ -237,7 +239,7 @@ def child_main(rfd, wfd, memory_mb):
             return
         if message[0] == "load":
             _, prompt, solution, entry_point = message
-            ns = {"__name__": "__solution__", "__builtins__": __builtins__}
+            ns = {"__name__": "__solution__", "__builtins__": __builtins__}  # type: Dict[str, Any]
             try:
                 with open(solution, "rb") as f:
                     source = f.read().decode("utf-8", "replace")
@@ -249,12 +251,14 @@ def child_main(rfd, wfd, memory_mb):
                 fn = ns.get(entry_point)
                 if not callable(fn) or fn is stub:
                     raise NameError("the solution does not define %s()" % entry_point)
-                reply = ("loaded",)
+                reply = ("loaded",)  # type: Tuple[Any, ...]
             except BaseException as exc:  # SystemExit included: a solution that exits has not loaded
                 reply = ("load_error", "%s: %s" % (type(exc).__name__, str(exc)[:300]))
         else:
             _, args, kwargs = message
             try:
+                if fn is None:
+                    raise RuntimeError("called before the solution loaded")
                 value = fn(*args, **kwargs)
                 text = repr(value)
                 ast.literal_eval(text)
@@ -267,15 +271,15 @@ def child_main(rfd, wfd, memory_mb):
             _send(wfd, ("raise", "the result is not a plain value (numbers, strings, lists, tuples, dicts)"))
 
 
-def _failure_detail(exc):
+def _failure_detail(exc: BaseException) -> str:
     """Where in the hidden test an assertion failed (line number and source line)."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "<test>"]
     if not frames:
         return "%s: %s" % (type(exc).__name__, str(exc)[:300])
-    return "%s at line %d of the test" % (type(exc).__name__, frames[-1].lineno)
+    return "%s at line %s of the test" % (type(exc).__name__, frames[-1].lineno)
 
 
-def judge(spec):
+def judge(spec: Dict[str, Any]) -> None:
     nonce = spec["nonce"]
     os.makedirs(spec["workdir"], exist_ok=True)
     deadline = time.monotonic() + float(spec["timeout"])
@@ -304,9 +308,9 @@ def judge(spec):
     os.close(from_child_w)
     os.close(devnull)
     candidate = Candidate(proc, to_child_w, from_child_r, deadline)
-    verdict = {"status": "failed", "detail": ""}
+    verdict = {"status": "failed", "detail": ""}  # type: Dict[str, Any]
     try:
-        ns = {"__name__": "__check__"}
+        ns = {"__name__": "__check__"}  # type: Dict[str, Any]
         exec(compile(spec["prompt"], "<prompt>", "exec"), ns)
         exec(compile(spec["test"], "<test>", "exec"), ns)
         # As in HumanEval's prompt + completion + test: the entry point's name means the candidate there too.
@@ -328,7 +332,7 @@ def judge(spec):
     sys.stdout.flush()
 
 
-def main(argv):
+def main(argv: List[str]) -> int:
     if argv[1] == "child":
         child_main(int(argv[2]), int(argv[3]), int(argv[4]))
         return 0

@@ -44,13 +44,21 @@ def by_marker(tok: ChatTokenizer, scripts: dict[str, Sequence[str]]) -> Responde
 
 
 async def bwrap_service(
-    make_api: APIFactory, test_image: Path, backend_available: dict[str, str | None], **agent: Any
+    make_api: APIFactory,
+    test_image: Path,
+    backend_available: dict[str, str | None],
+    *,
+    backend: str = "bwrap",
+    **agent: Any,
 ) -> LiveAPI:
-    """A live service whose jobs run in bwrap sandboxes of the test image."""
-    if backend_available.get("bwrap"):
-        pytest.skip(str(backend_available["bwrap"]))
+    """A live service whose jobs run in bwrap sandboxes of the test image (or the ``local`` backend)."""
+    if backend_available.get(backend):
+        pytest.skip(str(backend_available[backend]))
+    sandbox: dict[str, Any] = {"backend": backend, "start_timeout_s": 120}
+    if backend != "local":
+        sandbox["image"] = str(test_image)
     return await make_api(
-        sandbox={"backend": "bwrap", "image": str(test_image), "start_timeout_s": 120},
+        sandbox=sandbox,
         tokenizer_dir=prepare_tokenizer(),
         agent=AgentConfig(**{"max_turns": 6, "max_tokens_per_turn": 1024, **agent}),
         init_workers=2,

@@ -283,3 +283,26 @@ async def _program_running(manager: SandboxManager) -> Any:
                     return sb
         await asyncio.sleep(0.05)
     raise AssertionError("the program under test never started")
+
+
+async def test_local_sandboxes_evaluate_side_by_side_in_their_own_workspaces(
+    sandbox_manager: SandboxManager,
+) -> None:
+    """The local backend ignores ``workdir``: EVAL works in each sandbox's own workspace, so concurrent
+    evaluations never share files."""
+    local = SandboxConfig(backend="local")
+
+    async def one(instance: dict[str, Any], solution: str) -> float | None:
+        js = JobSandboxes(sandbox_manager, local, owner="code-eval-local")
+        try:
+            return (await evaluate(js, instance, solution))[0]
+        finally:
+            await js.close_all()
+
+    rewards = await asyncio.gather(
+        one(SUM, SUM_GOLD),
+        one(SUM, "print(0)\n"),
+        one(ADD, ADD_GOLD),
+        one(ADD, "def add(a, b):\n    return 0\n"),
+    )
+    assert rewards == [1.0, 0.0, 1.0, 0.0]

@@ -181,3 +181,38 @@ async def test_bad_code_instances_are_400_naming_the_field(
         error = r.json()["error"]
         assert error["kind"] == "bad_request" and field in error["message"], error
     assert await api.service.ledger.counts() == {}
+
+
+async def test_code_jobs_on_the_local_backend(
+    make_api: APIFactory,
+    test_image: Path,
+    backend_available: dict[str, str | None],
+    tokenizer: ChatTokenizer,
+) -> None:
+    """The local backend works in a private host dir, not ``/workspace``: the prompt names the real path,
+    and the solution is read from it and judged in a workspace of its own."""
+    api = await bwrap_service(make_api, test_image, backend_available, backend="local")
+    body = HE0["canonical_solution"]
+    scripts = {  # the shell starts in the workdir: relative paths land next to the prompt's solution.py
+        "job he-local": [
+            tool_call("bash", command="pwd"),
+            tool_call("bash", command=f"cat >> solution.py <<'EOF'\n{body}EOF"),
+            tool_call("submit"),
+        ],
+        "[sum-local]": [
+            tool_call("bash", command="pwd"),
+            write_program("a, b = map(int, input().split())\nprint(a + b)\n").replace("/workspace/", ""),
+            tool_call("submit"),
+        ],
+    }
+    jobs = [("he-local", he_instance("he-local"), {}), ("sum-local", sum_instance("sum-local"), {})]
+    async with ScriptedLLM(by_marker(tokenizer, scripts)) as llm:
+        results = await run_jobs(api, llm.url, jobs)
+    for job_id, res in results.items():
+        assert res["status"] == "completed" and res["reward"] == 1.0, (
+            job_id,
+            res.get("error"),
+            res["artifacts"],
+        )
+        workdir = tool_observations(res)[0].splitlines()[0]
+        assert workdir != "/workspace" and f"{workdir}/solution.py" in res["messages"][1]["content"]

@@ -19,6 +19,7 @@ import importlib.resources
 import json
 import re
 import secrets
+import shlex
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -33,8 +34,8 @@ from raas.tasks.code.grading import decode_output, outputs_match
 from raas.tasks.code.instances import CodeSpec, IOTest, parse, reward_mode_of
 
 SOLUTION_NAME = "solution.py"
-EVAL_DIR = "/tmp/raas-eval"
-"""Where EVAL puts the harness, the solution and the test inputs in the fresh sandbox."""
+EVAL_DIR = ".raas-eval"
+"""Where EVAL puts the harness, the solution and the test inputs: a dir in the fresh sandbox's workdir."""
 MAX_SOLUTION_BYTES = 256 * 1024
 HARNESS_SLACK_S = 15.0
 """Extra seconds the host waits for the harness beyond the candidate's own limits (interpreter start,
@@ -66,6 +67,14 @@ def last_code_block(text: str | None) -> str | None:
         return None
     blocks = _FENCED.findall(text)
     return blocks[-1] if blocks else None
+
+
+def sandbox_workdir(sandbox: Any) -> str:
+    """The absolute path the sandbox's tools work in: its configured workdir, except for the ``local``
+    backend, which works in a private host dir of its own (and ignores ``workdir``)."""
+    if getattr(sandbox, "backend_name", "") == "local":
+        return str(sandbox.workspace)
+    return str(sandbox.config.workdir)
 
 
 def harness_source() -> bytes:
@@ -101,6 +110,12 @@ def _verdict(text: str, nonce: str) -> dict[str, Any] | None:
     return None
 
 
+def _command(sandbox: Any, root: str, mode: str, spec_path: str) -> str:
+    """The shell command that runs the harness with the image's python3."""
+    parts = [str(sandbox.config.python), f"{root}/harness.py", mode, spec_path]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
 def _killed(exit_code: int | None) -> bool:
     """The harness died of a signal (128 + n in the shell): only the program under test can do that."""
     return exit_code is not None and exit_code > 128
@@ -132,8 +147,9 @@ class CodeHandler(TaskHandler):
         return env
 
     def _solution_path(self, env: Env) -> str:
-        workdir = env.sandbox.config.workdir if env.sandbox is not None else "/workspace"
-        return f"{workdir.rstrip('/')}/{SOLUTION_NAME}"
+        if env.sandbox is None:
+            raise RaasError("code task stage has no sandbox", kind="handler_error")
+        return f"{sandbox_workdir(env.sandbox).rstrip('/')}/{SOLUTION_NAME}"
 
     async def run(self, job: Job, env: Env, llm: LLMContext) -> RunOutput:
         if env.sandbox is None:
@@ -207,11 +223,12 @@ class CodeHandler(TaskHandler):
             return EvalOutput(reward=0.0, resolved=False, details={"reason": reason, "reward_mode": mode})
         try:
             sandbox = await env.sandboxes.open()
-            await sandbox.tools.write_file(f"{EVAL_DIR}/harness.py", harness_source())
-            await sandbox.tools.write_file(f"{EVAL_DIR}/{SOLUTION_NAME}", source)
+            root = f"{sandbox_workdir(sandbox).rstrip('/')}/{EVAL_DIR}"
+            await sandbox.tools.write_file(f"{root}/harness.py", harness_source())
+            await sandbox.tools.write_file(f"{root}/{SOLUTION_NAME}", source)
             if spec.kind == "function":
-                return await self._judge_function(sandbox, spec)
-            return await self._run_stdio(sandbox, spec, mode)
+                return await self._judge_function(sandbox, spec, root)
+            return await self._run_stdio(sandbox, spec, mode, root)
         except RaasError as exc:
             exc.stage = exc.stage or "eval"
             raise
@@ -219,24 +236,24 @@ class CodeHandler(TaskHandler):
     async def _bash(self, sandbox: Any, command: str, timeout_s: float) -> Any:
         return await sandbox.tools.bash(command, session="raas-eval", timeout=timeout_s)
 
-    async def _judge_function(self, sandbox: Any, spec: CodeSpec) -> EvalOutput:
+    async def _judge_function(self, sandbox: Any, spec: CodeSpec, root: str) -> EvalOutput:
         nonce = secrets.token_hex(16)
-        spec_path = f"{EVAL_DIR}/judge.json"
+        spec_path = f"{root}/judge.json"
         job_spec = {
             "nonce": nonce,
             "prompt": spec.prompt,
             "test": spec.test,
             "entry_point": spec.entry_point,
-            "solution": f"{EVAL_DIR}/{SOLUTION_NAME}",
+            "solution": f"{root}/{SOLUTION_NAME}",
             "timeout": spec.time_limit_s,
             "memory_mb": spec.memory_mb,
-            "workdir": f"{EVAL_DIR}/work",
+            "workdir": f"{root}/work",
         }
         await sandbox.tools.write_file(spec_path, json.dumps(job_spec))
         started = time.monotonic()
         result = await self._bash(
             sandbox,
-            f"{sandbox.config.python} {EVAL_DIR}/harness.py judge {spec_path}",
+            _command(sandbox, root, "judge", spec_path),
             spec.time_limit_s + HARNESS_SLACK_S,
         )
         elapsed = round(time.monotonic() - started, 4)
@@ -262,7 +279,7 @@ class CodeHandler(TaskHandler):
         passed = status == "passed"
         return EvalOutput(reward=1.0 if passed else 0.0, resolved=passed, details=details)
 
-    async def _run_stdio(self, sandbox: Any, spec: CodeSpec, mode: str) -> EvalOutput:
+    async def _run_stdio(self, sandbox: Any, spec: CodeSpec, mode: str, root: str) -> EvalOutput:
         tests = spec.tests
         results: dict[int, _TestResult] = {}
         started = time.monotonic()
@@ -276,7 +293,7 @@ class CodeHandler(TaskHandler):
             batch = list(range(next_index, min(len(tests), next_index + batch_size)))
             next_index = batch[-1] + 1
             batch_no += 1
-            for r in await self._run_batch(sandbox, spec, batch, batch_no, stop):
+            for r in await self._run_batch(sandbox, spec, root, batch, batch_no, stop):
                 results[r.index] = r
             if stop and any(results[i].status != "passed" for i in batch if i in results):
                 break
@@ -309,36 +326,34 @@ class CodeHandler(TaskHandler):
         return EvalOutput(reward=reward, resolved=passed == total, details=details)
 
     async def _run_batch(
-        self, sandbox: Any, spec: CodeSpec, batch: list[int], batch_no: int, stop_on_error: bool
+        self, sandbox: Any, spec: CodeSpec, root: str, batch: list[int], batch_no: int, stop_on_error: bool
     ) -> list[_TestResult]:
-        base = f"{EVAL_DIR}/b{batch_no}"
+        base = f"{root}/b{batch_no}"
         entries = []
         for i in batch:
             test: IOTest = spec.tests[i]
-            await sandbox.tools.write_file(f"{EVAL_DIR}/in/{i}.in", test.input)
+            await sandbox.tools.write_file(f"{root}/in/{i}.in", test.input)
             entries.append(
                 {
                     "id": i,
-                    "input": f"{EVAL_DIR}/in/{i}.in",
+                    "input": f"{root}/in/{i}.in",
                     "output": f"{base}/{i}.out",
                     "stderr": f"{base}/{i}.err",
                     "cap": 2 * len(test.output.encode("utf-8")) + 4096,
                 }
             )
         run_spec = {
-            "solution": f"{EVAL_DIR}/{SOLUTION_NAME}",
+            "solution": f"{root}/{SOLUTION_NAME}",
             "tests": entries,
             "timeout": spec.time_limit_s,
             "memory_mb": spec.memory_mb,
-            "workdir": f"{EVAL_DIR}/work",
+            "workdir": f"{root}/work",
             "stop_on_error": stop_on_error,
             "results": f"{base}/results.json",
         }
         await sandbox.tools.write_file(f"{base}/spec.json", json.dumps(run_spec))
         limit = len(batch) * (spec.time_limit_s + PER_TEST_SLACK_S) + HARNESS_SLACK_S
-        result = await self._bash(
-            sandbox, f"{sandbox.config.python} {EVAL_DIR}/harness.py run {base}/spec.json", limit
-        )
+        result = await self._bash(sandbox, _command(sandbox, root, "run", f"{base}/spec.json"), limit)
         statuses = await self._read_results(sandbox, f"{base}/results.json")
         if statuses is None:
             if result.timed_out or _killed(result.exit_code):

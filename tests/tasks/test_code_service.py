@@ -216,3 +216,21 @@ async def test_code_jobs_on_the_local_backend(
         )
         workdir = tool_observations(res)[0].splitlines()[0]
         assert workdir != "/workspace" and f"{workdir}/solution.py" in res["messages"][1]["content"]
+
+
+async def test_an_oversized_solution_is_never_pulled_into_the_service(
+    make_api: APIFactory,
+    test_image: Path,
+    backend_available: dict[str, str | None],
+    tokenizer: ChatTokenizer,
+) -> None:
+    api = await bwrap_service(make_api, test_image, backend_available)
+    flood = "head -c 50000000 /dev/zero | tr '\\0' '#' > /workspace/solution.py && stat -c %s /workspace/solution.py"
+    scripts = {"[sum-flood]": [tool_call("bash", command=flood), tool_call("submit")]}
+    async with ScriptedLLM(by_marker(tokenizer, scripts)) as llm:
+        results = await run_jobs(api, llm.url, [("sum-flood", sum_instance("sum-flood"), {})])
+    res = results["sum-flood"]
+    assert tool_observations(res)[0].startswith("50000000")
+    assert res["status"] == "completed" and res["reward"] == 0.0
+    assert res["artifacts"]["solution_source"] == "too_large" and res["artifacts"]["solution"] is None
+    assert "larger than" in res["artifacts"]["eval_details"]["reason"]

@@ -15,6 +15,7 @@ filtered instead.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import json
 import re
@@ -182,9 +183,13 @@ class CodeHandler(TaskHandler):
     async def _harvest(self, env: Env, spec: CodeSpec, out: RunOutput) -> tuple[str | None, str | None]:
         """The solution: the file the policy wrote, else the last code block of its answer or last message."""
         assert env.sandbox is not None
+        path = self._solution_path(env)
         text: str | None = None
         try:
-            raw = await env.sandbox.tools.read_file(self._solution_path(env))
+            size = await self._file_size(env.sandbox, path)
+            if size is not None and size > MAX_SOLUTION_BYTES:
+                return None, "too_large"  # never pulled into the service (a runaway write can be a GB)
+            raw = await env.sandbox.tools.read_file(path)
             text = raw.decode("utf-8", errors="replace")
         except RaasError as exc:
             if is_infrastructure(exc.kind):
@@ -201,6 +206,19 @@ class CodeHandler(TaskHandler):
             if block and block.strip():
                 return block, where
         return (text, "file") if text and text.strip() else (None, None)
+
+    async def _file_size(self, sandbox: Any, path: str) -> int | None:
+        """The size of ``path`` in bytes (None when it cannot be told), from a shell of the handler's own."""
+        session = "raas-harvest"
+        try:
+            result = await sandbox.tools.bash(
+                f"stat -L -c %s -- {shlex.quote(path)} 2>/dev/null", session=session, timeout=30
+            )
+        finally:
+            with contextlib.suppress(RaasError):
+                await sandbox.tools.bash_close(session)
+        words = result.output.split()
+        return int(words[-1]) if words and words[-1].isdigit() else None
 
     # -- EVAL ---------------------------------------------------------------------------------------------
 

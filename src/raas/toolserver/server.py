@@ -18,7 +18,8 @@ import tempfile
 from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
 
 from . import procs
-from .bash import BashTool, find_bash
+from .bash import DEFAULT_INPUT_WAIT_S, DEFAULT_TIMEOUT_S, find_bash
+from .bashtool import BashTool
 from .protocol import (
     BAD_REQUEST,
     DEFAULT_MAX_FRAME,
@@ -36,7 +37,7 @@ from .protocol import (
     read_frame,
 )
 
-# Argument specs: name -> (type tag, required). Type tags: str, num (>= 0), int (>= 0), list, any.
+# Argument specs: name -> (type tag, required). Type tags: str, num (>= 0), int (>= 0), bool, list, any.
 ArgSpec = Dict[str, Tuple[str, bool]]
 _SPECS: Dict[Tuple[str, str], ArgSpec] = {
     ("server", "ping"): {},
@@ -44,6 +45,14 @@ _SPECS: Dict[Tuple[str, str], ArgSpec] = {
     ("bash", "run"): {
         "command": ("str", True),
         "session": ("str", False),
+        "timeout": ("num", False),
+        "no_output_timeout": ("num", False),
+        "output_cap": ("int", False),
+    },
+    ("bash", "send"): {
+        "session": ("str", False),
+        "input": ("str", False),
+        "interrupt": ("bool", False),
         "timeout": ("num", False),
         "no_output_timeout": ("num", False),
         "output_cap": ("int", False),
@@ -109,12 +118,15 @@ def _check_type(tool: str, op: str, name: str, tag: str, value: Any) -> None:
         ok = isinstance(value, numeric) and not isinstance(value, bool) and 0 <= value <= _MAX_NUMBER
     elif tag == "list":
         ok = isinstance(value, list)
+    elif tag == "bool":
+        ok = isinstance(value, bool)
     if not ok:
         want = {
             "str": "a string",
             "num": "a number in [0, 2**53]",
             "int": "an integer in [0, 2**53]",
             "list": "a list",
+            "bool": "true or false",
         }[tag]
         raise ProtocolError(BAD_REQUEST, "%s.%s argument %r must be %s" % (tool, op, name, want))
 
@@ -130,6 +142,8 @@ class ToolServer:
         max_frame: int = DEFAULT_MAX_FRAME,
         max_sessions: int = 64,
         watch_stdin: bool = False,
+        bash_timeout: Optional[float] = DEFAULT_TIMEOUT_S,
+        bash_input_wait: Optional[float] = DEFAULT_INPUT_WAIT_S,
     ) -> None:
         self.socket_path = socket_path
         self.workdir = workdir
@@ -140,7 +154,9 @@ class ToolServer:
         self.tmpdir = tempfile.mkdtemp(prefix="raas-ts-")
         self.reaper = procs.Reaper()
         self.env = _child_env()
-        self.bash = BashTool(workdir, self.env, self.tmpdir, self.reaper, max_sessions)
+        self.bash = BashTool(
+            workdir, self.env, self.tmpdir, self.reaper, max_sessions, bash_timeout, bash_input_wait
+        )
         self._ipython: Any = None
         self._editor: Any = None
         self._stop: Optional[asyncio.Event] = None
@@ -300,6 +316,15 @@ class ToolServer:
                     args.get("no_output_timeout"),
                     args.get("output_cap", self.output_cap),
                 )
+            if op == "send":
+                return await self.bash.send(
+                    args.get("session", "default"),
+                    args.get("input", ""),
+                    bool(args.get("interrupt", False)),
+                    args.get("timeout"),
+                    args.get("no_output_timeout"),
+                    args.get("output_cap", self.output_cap),
+                )
             if op == "close":
                 return {"closed": self.bash.close(args["session"])}
             return {"sessions": self.bash.list()}
@@ -394,6 +419,18 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--max-frame", type=int, default=DEFAULT_MAX_FRAME, help="largest frame accepted (bytes)")
     p.add_argument("--max-sessions", type=int, default=64, help="most bash sessions at once")
     p.add_argument("--watch-stdin", action="store_true", help="exit when stdin reaches EOF")
+    p.add_argument(
+        "--bash-timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds after which a bash command given neither timeout is interrupted (0: never)",
+    )
+    p.add_argument(
+        "--bash-input-wait",
+        type=float,
+        default=DEFAULT_INPUT_WAIT_S,
+        help="seconds of silence after which a command waiting for terminal input returns (0: never)",
+    )
     return p.parse_args(argv)
 
 
@@ -411,6 +448,8 @@ def main(argv: Optional[list] = None) -> int:
         max_frame=args.max_frame,
         max_sessions=args.max_sessions,
         watch_stdin=args.watch_stdin,
+        bash_timeout=args.bash_timeout or None,
+        bash_input_wait=args.bash_input_wait or None,
     )
     try:
         code = asyncio.run(server.serve())

@@ -1,0 +1,295 @@
+"""The conversation between the tool server and one interactive bash, as pure functions (no event loop).
+
+A command never travels as typed text and completion never travels in the output:
+
+* The command text sits in a server-owned memory file (or, when short, inline in an ANSI-C quoted
+  argument) and bash runs it with ``eval``, so error messages look like an interactive shell's
+  (``bash: foo: command not found``) and no ``RETURN`` trap fires.
+* The one line written to the pty calls a pre-command function (restores the user's prompt variables and
+  shell options), sets ``$?`` to the previous command's status, ``eval``\\ s the command, then calls a
+  reporting function under ``2>/dev/null`` that hides the user's prompt variables again and writes
+  ``RAAS1 <nonce> <seq> <status> <flags>\\0<pwd>\\0<PS1>\\0<PS0>\\0`` to a pipe of the server's, opened
+  through ``/proc/<server pid>/fd/N``. The user's redirections, ``PROMPT_COMMAND``, ``PS1``, ``set -o vi``
+  or a command that prints a look-alike marker cannot end a call early or make it hang; the per-command
+  nonce is never shown to the user's code.
+* Nothing of this lives in the file system, so cleaning ``/tmp`` or ``$TMPDIR`` cannot break a session.
+* ``set -x``/``set -v`` are off between commands and come back (through a one-shot ``DEBUG`` trap) at the
+  user's first command, so traces show only the user's commands.
+* A command that Ctrl-C aborts takes the rest of the line with it (bash discards it); the server then
+  writes a *probe* line that re-reads the function definitions and reports with the aborted status.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import List, NamedTuple, Optional
+
+REPORT_MAGIC = b"RAAS1 "
+MAX_REPORT = 16384
+"""A report is a few hundred bytes (the cwd is at most PATH_MAX); a longer field is garbage."""
+
+INLINE_MAX = 3000
+"""Longest ANSI-C quoted command sent on the pty line itself; a pty line holds at most 4095 bytes."""
+
+# ${PS1@P} (prompt expansion) needs bash >= 4.4; the eval keeps older parsers away from it.
+_DEFS = r"""
+__raas_rc() { return "$1"; }
+__raas_a() {
+  if [[ -z ${__raas_in-} ]]; then
+    [[ ${__raas_q-} != *0* ]] || PS0=$__raas_p0
+    [[ ${__raas_q-} != *1* ]] || PS1=$__raas_p1
+    [[ ${__raas_q-} != *2* ]] || PS2=$__raas_p2
+    if [[ ${__raas_q-} == *c* ]]; then
+      if ((${#__raas_pc[@]} > 1)); then PROMPT_COMMAND=("${__raas_pc[@]}"); else PROMPT_COMMAND=${__raas_pc[0]-}; fi
+    fi
+    __raas_in=1
+  fi
+  if [[ -n ${1+x} ]]; then __raas_c=$1; else __raas_c=; IFS= \builtin read -r -d '' __raas_c <@CMD@ || :; fi
+  [[ $- != *a* ]] || \builtin export -n __raas_c __raas_in __raas_f __raas_q __raas_p0 __raas_p1 __raas_p2 __raas_pc
+  case ${__raas_f-} in *h*) \builtin set -o history; \builtin history -s "$__raas_c";; esac
+  case ${__raas_f-} in *V*) \builtin set -o vi;; *E*) \builtin set -o emacs;; esac
+  case ${__raas_f-} in *[xv]*) \builtin trap '[[ -n ${FUNCNAME-} || $BASH_COMMAND == *__raas_* || $BASH_COMMAND == *@RUNNER@ ]] || { \builtin trap - DEBUG; [[ $__raas_f != *v* ]] || \builtin set -v; [[ $__raas_f != *x* ]] || \builtin set -x; }' DEBUG;; esac
+  return 0
+}
+__raas_z() {
+  local __raas_s=$? __raas_e= __raas_e0=
+  [[ -z ${3-} ]] || __raas_s=$3
+  if [[ -n ${__raas_in-} ]]; then
+    __raas_f=
+    [[ $- != *x* ]] || __raas_f+=x
+    [[ $- != *v* ]] || __raas_f+=v
+    case :$SHELLOPTS: in *:history:*) __raas_f+=h;; esac
+    case :$SHELLOPTS: in *:vi:*) __raas_f+=V;; *:emacs:*) __raas_f+=E;; esac
+    [[ -z $__raas_f ]] || \builtin set +xv +o history +o vi +o emacs
+    if [[ -n ${3-} ]] && ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 404)); then
+      [[ -z ${PS1-} ]] || \builtin eval '__raas_e=${PS1@P}'
+      [[ -z ${PS0-} ]] || \builtin eval '__raas_e0=${PS0@P}'
+    fi
+    __raas_q=
+    [[ -z ${PS0+x} ]] || { __raas_q+=0; __raas_p0=$PS0; PS0=; }
+    [[ -z ${PS1+x} ]] || { __raas_q+=1; __raas_p1=$PS1; PS1=; }
+    [[ -z ${PS2+x} ]] || { __raas_q+=2; __raas_p2=$PS2; PS2=; }
+    if [[ -n ${PROMPT_COMMAND[*]+x} ]]; then
+      __raas_q+=c; __raas_pc=("${PROMPT_COMMAND[@]}"); \builtin unset PROMPT_COMMAND
+    fi
+    \builtin unset __raas_in
+  fi
+  \builtin unset __raas_c __raas_d
+  \builtin printf 'RAAS1 %s %s %s %s\0%s\0%s\0%s\0' "$2" "$1" "$__raas_s" "${__raas_f-}" "${PWD-}" \
+    "${__raas_e:0:4096}" "${__raas_e0:0:4096}" >|@REPORT@ || :
+  return 0
+}
+"""
+
+_RC = r"""
+export TERM=dumb PAGER=cat GIT_PAGER=cat SYSTEMD_PAGER=cat MANPAGER=cat
+\builtin set +o history
+\builtin unset HISTFILE
+__raas_in=1
+__raas_z 0 @NONCE@
+"""
+
+
+class Paths(NamedTuple):
+    """Where bash finds the server's descriptors: ``/proc/<server pid>/fd/<n>`` (nothing to delete)."""
+
+    command: str
+    report: str
+    defs: str
+    runner: str
+    """A file holding ``\\builtin eval "$__raas_c"``, sourced instead of a direct ``eval`` (see below)."""
+
+
+def proc_fd_path(pid: int, fd: int) -> str:
+    return "/proc/%d/fd/%d" % (pid, fd)
+
+
+def definitions(paths: Paths) -> str:
+    """The shell functions a session relies on (re-read by the probe line if the user removed them)."""
+    return (
+        _DEFS.replace("@CMD@", paths.command)
+        .replace("@REPORT@", paths.report)
+        .replace("@RUNNER@", paths.runner)
+    )
+
+
+def rcfile(paths: Paths, nonce: str) -> str:
+    """The ``--rcfile`` of a session: the functions, terminal-neutral settings, then the ready report."""
+    return definitions(paths) + _RC.replace("@NONCE@", nonce)
+
+
+def ansi_c_quote(data: bytes) -> str:
+    """``$'...'`` that bash turns back into exactly ``data`` (NULs excepted), in printable ASCII only.
+
+    No ``!`` (history expansion) and no control byte that the terminal's line discipline would act on.
+    """
+    out = ["$'"]
+    for b in data:
+        if 0x20 <= b < 0x7F and b not in (0x21, 0x27, 0x5C):
+            out.append(chr(b))
+        else:
+            out.append("\\x%02x" % b)
+    out.append("'")
+    return "".join(out)
+
+
+def command_bytes(command: str) -> bytes:
+    """The command as bash will see it: UTF-8 (lone surrogates replaced), no NULs, newline-terminated."""
+    data = command.encode("utf-8", errors="replace").replace(b"\0", b"")
+    if not data.endswith(b"\n"):
+        data += b"\n"
+    return data
+
+
+def inline_argument(data: bytes) -> Optional[str]:
+    """The quoted command for the pty line when it is short enough, else None (use the memory file)."""
+    if len(data) > INLINE_MAX:
+        return None
+    quoted = ansi_c_quote(data)
+    return quoted if len(quoted) <= INLINE_MAX else None
+
+
+RUNNER = '\\builtin eval "$__raas_c"\n'
+_EDITING_WORD = re.compile(r"(?<![\w-])(vi|emacs)(?![\w-])")
+
+
+def needs_runner(command: str) -> bool:
+    """Whether the command may switch bash's line editing (``set -o vi``, ``set +o emacs``).
+
+    bash 5.2 crashes or loses its place in the input when the editing mode changes inside an ``eval``
+    run from the interactive prompt, but not inside a sourced file; such commands are ``eval``\\ ed from
+    the sourced runner file instead (a ``RETURN`` trap then fires once after them).
+    """
+    return _EDITING_WORD.search(command) is not None
+
+
+def command_line(
+    seq: int, nonce: str, last_status: int, inline: Optional[str], runner: Optional[str] = None
+) -> bytes:
+    """The line that runs command ``seq`` with ``$?`` preset to ``last_status``.
+
+    ``__raas_rc N || eval`` sets ``$?`` without tripping ``set -e`` or an ``ERR`` trap (a failing
+    command left of ``||`` does neither); with ``N == 0`` the ``&&`` form runs the command. With
+    ``runner`` (a path), the command runs from that sourced file instead (see :func:`needs_runner`).
+    """
+    pre = "__raas_a" if inline is None else "__raas_a " + inline
+    joiner = "||" if last_status else "&&"
+    run = '\\builtin eval "$__raas_c"' if runner is None else "\\builtin source " + runner
+    line = "%s; __raas_rc %d %s %s; { __raas_z %d %s; } 2>/dev/null\n" % (
+        pre,
+        last_status,
+        joiner,
+        run,
+        seq,
+        nonce,
+    )
+    return line.encode("ascii")
+
+
+def probe_line(seq: int, nonce: str, paths: Paths) -> bytes:
+    """After Ctrl-C aborted a command line: reload the functions and report the aborted status."""
+    line = (
+        "{ __raas_s=$?; IFS= \\builtin read -r -d '' __raas_d <%s || :; \\builtin eval \"${__raas_d-}\"; "
+        '__raas_z %d %s "$__raas_s"; \\builtin unset __raas_s; } 2>/dev/null\n' % (paths.defs, seq, nonce)
+    )
+    return line.encode("ascii")
+
+
+class Report(NamedTuple):
+    nonce: str
+    seq: int
+    status: int
+    flags: str
+    """Shell options the user had on, hidden between commands: x, v, h(istory), V(i), E(macs)."""
+    cwd: str
+    prompt: str
+    """The user's expanded PS1 (probe reports only): the prompt bash printed after an aborted command."""
+    prompt0: str
+    """The user's expanded PS0 (probe reports only): printed before bash ran the probe line."""
+
+
+_HEADER = re.compile(rb"RAAS1 ([0-9a-f]{1,64}) ([0-9]{1,18}) ([0-9]{1,3}) ([a-zA-Z]{0,8})\Z")
+
+
+class ReportParser:
+    """Splits the report pipe's byte stream into :class:`Report` records.
+
+    Anything else written there (only a process that found the pipe in ``/proc`` could) is skipped:
+    the parser resynchronizes on the next ``RAAS1`` header, keeps at most :data:`MAX_REPORT` bytes
+    of an incomplete record, and callers match reports against the nonce they sent.
+    """
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> List[Report]:
+        buf = self._buf + data
+        reports: List[Report] = []
+        while True:
+            start = buf.find(REPORT_MAGIC)
+            if start < 0:
+                # Keep a possible partial magic at the end, drop the rest.
+                keep = 0
+                for k in range(min(len(REPORT_MAGIC) - 1, len(buf)), 0, -1):
+                    if REPORT_MAGIC.startswith(buf[-k:]):
+                        keep = k
+                        break
+                buf = buf[len(buf) - keep :]
+                break
+            buf = buf[start:]
+            fields = buf.split(b"\0", 4)
+            if len(fields) < 5:
+                if len(buf) > MAX_REPORT:
+                    buf = buf[len(REPORT_MAGIC) :]
+                    continue
+                break
+            header, cwd, prompt, prompt0, rest = fields
+            m = _HEADER.match(header)
+            if m is None or len(cwd) + len(prompt) + len(prompt0) > MAX_REPORT:
+                buf = buf[len(REPORT_MAGIC) :]
+                continue
+            reports.append(
+                Report(
+                    m.group(1).decode("ascii"),
+                    int(m.group(2)),
+                    int(m.group(3)),
+                    m.group(4).decode("ascii"),
+                    cwd.decode("utf-8", "replace"),
+                    prompt.decode("utf-8", "replace"),
+                    prompt0.decode("utf-8", "replace"),
+                )
+            )
+            buf = rest
+        self._buf = buf
+        return reports
+
+
+class Limits:
+    """The deadlines of one call: ``timeout_s`` overall, and the silence after which to look at the command."""
+
+    __slots__ = ("_start", "no_output_s", "silence", "timeout_s")
+
+    def __init__(
+        self, timeout_s: Optional[float], no_output_s: Optional[float], input_wait_s: Optional[float]
+    ):
+        self.timeout_s = timeout_s
+        self.no_output_s = no_output_s
+        self.silence = no_output_s if no_output_s is not None else (input_wait_s or 0.0)
+        self._start: Optional[float] = None
+
+    def deadline(self, now: float) -> float:
+        if self._start is None:
+            self._start = now
+        return self._start + self.timeout_s if self.timeout_s is not None else float("inf")
+
+
+CONTROL_KEYS = {"C-c": b"\x03", "C-d": b"\x04", "C-z": b"\x1a", "C-\\": b"\x1c"}
+"""``bash.send`` inputs that mean a key, not text (as OpenHands spells them)."""
+
+
+def input_bytes(text: str) -> bytes:
+    """What ``bash.send`` writes to the terminal for ``text``: a named control key, or the text itself."""
+    key = CONTROL_KEYS.get(text)
+    if key is not None:
+        return key
+    return text.encode("utf-8", errors="replace")

@@ -19,7 +19,7 @@ def bash_prints(expr: str) -> bytes:
     ).stdout
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, database=None)
 @given(st.binary(max_size=300))
 def test_ansi_c_quote_round_trips_through_bash(data: bytes) -> None:
     quoted = bashproto.ansi_c_quote(data)

@@ -40,7 +40,7 @@ PRINTABLE = st.text(
 INTRODUCERS = ["\x1b[", "\x1b]", "\x1bP", "\x1b_", "\x1b^", "\x1bX", "\x9b", "\x9d", "\x90", "\x9f"]
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=None, database=None)
 @given(st.binary(max_size=5000))
 def test_cleaner_is_total_and_linear(data: bytes) -> None:
     text = data.decode("utf-8", errors="replace")
@@ -52,7 +52,7 @@ def test_cleaner_is_total_and_linear(data: bytes) -> None:
     assert not any(c in cleaned for c in "\x1b\x00\x07\r\x9b\x9d")
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=None, database=None)
 @given(st.binary(max_size=500), st.sampled_from(INTRODUCERS), PRINTABLE)
 def test_unterminated_sequence_keeps_what_follows(before: bytes, intro: str, after: str) -> None:
     """Whatever precedes it, an introducer followed by printable text removes at most the introducer."""

@@ -27,20 +27,35 @@ def test_ansi_c_quote_round_trips_through_bash(data: bytes) -> None:
     assert bash_prints(quoted) == data.split(b"\0")[0]  # bash strings end at NUL: commands have none
 
 
+PATHS = bashproto.Paths("/proc/1/fd/5", "/proc/1/fd/6", "/proc/1/fd/7", "/proc/1/fd/8")
+
+
 def test_command_line_shape() -> None:
     data = bashproto.command_bytes("echo hi\0there")
     assert data == b"echo hithere\n"
     inline = bashproto.inline_argument(data)
     assert inline == "$'echo hithere\\x0a'"
     assert bashproto.inline_argument(b"x" * (bashproto.INLINE_MAX + 1)) is None
-    line = bashproto.command_line(3, "ab12", 0, inline)
-    assert (
-        line
-        == b"__raas_a $'echo hithere\\x0a'; __raas_rc 0 && \\builtin eval \"$__raas_c\"; { __raas_z 3 ab12; } 2>/dev/null\n"
+    # The common case: one assignment restores PS1/PS2 and sets $? to 0, then eval, then the report.
+    line = bashproto.command_line(3, "ab12", bashproto.ShellState(), inline, PATHS)
+    assert line == (
+        b"__raas_in=1 PS1=$__raas_p1 PS2=$__raas_p2 __raas_c=$'echo hithere\\x0a'; "
+        b'\\builtin eval "$__raas_c"; { __raas_z 3 ab12 $?; } >|/proc/1/fd/6\n'
     )
-    line = bashproto.command_line(4, "ab12", 130, None, "/proc/1/fd/9")
-    assert b"__raas_rc 130 || \\builtin source /proc/1/fd/9;" in line
-    assert len(line) < 4096 and b"!" not in line
+    state = bashproto.ShellState(130, "xhV", "0c")
+    line = bashproto.command_line(4, "ab12", state, None, PATHS, runner=True)
+    for part in (
+        b"PS0=$__raas_p0",
+        b"\\builtin unset PS1; \\builtin unset PS2;",
+        b"read -r -d '' __raas_c </proc/1/fd/5;",
+        b"__raas_pc;",
+        b"\\builtin set -o history;",
+        b"\\builtin set -o vi;",
+        b"\\builtin set -x; }' DEBUG;",
+        b"__raas_rc 130 || \\builtin source /proc/1/fd/8;",
+    ):
+        assert part in line, part
+    assert len(line) < 4096 and b"!" not in line and line.count(b"\n") == 1
 
 
 def test_needs_runner() -> None:

@@ -91,30 +91,30 @@ def test_clean_text() -> None:
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 7, 64])
 def test_report_parser_across_chunk_boundaries(chunk: int) -> None:
     stream = (
-        b"junk RAAS1 RAAS1 zz 1 0 \0/x\0\0\0"  # a bad header is skipped, the parser resyncs
-        + b"RAAS1 abc123 7 0 xv\0/tmp/a b\0\0\0"
-        + b"RAAS1 abc123 8 130 \0/\0(v) root$ \0zero> \0RAAS1 ab"
+        b"junk RAAS1 RAAS1 zz 1 0  himBH 12 /x\0\0\0"  # a bad header is skipped, the parser resyncs
+        + b"RAAS1 abc123 7 0 xV himBH 12 /tmp/a b\0\0\0"
+        + b"RAAS1 abc123 8 130  himBH 012c /\0(v) root$ \0zero> \0RAAS1 ab"
     )
     parser = ReportParser()
     reports = []
     for i in range(0, len(stream), chunk):
         reports += parser.feed(stream[i : i + chunk])
     assert reports == [
-        Report("abc123", 7, 0, "xv", "/tmp/a b", "", ""),
-        Report("abc123", 8, 130, "", "/", "(v) root$ ", "zero> "),
+        Report("abc123", 7, 0, "xV", "12", "/tmp/a b", "", ""),
+        Report("abc123", 8, 130, "", "012c", "/", "(v) root$ ", "zero> "),
     ]
-    assert parser.feed(b"c 9 1 \0/\0\0\0") == [Report("abc", 9, 1, "", "/", "", "")]
+    assert parser.feed(b"c 9 1  ahimBH  \0\0\0") == [Report("abc", 9, 1, "a", "", "", "", "")]
 
 
 def test_report_parser_memory_is_bounded() -> None:
     parser = ReportParser()
-    for _ in range(100):  # a header that never ends, then cwd fields that never end
-        assert parser.feed(b"RAAS1 abc 1 0 " + b"x" * 10_000) == []
+    for _ in range(100):  # a header that never ends, then fields that never end
+        assert parser.feed(b"RAAS1 abc 1 0  i 1 " + b"x" * 10_000) == []
     assert len(parser._buf) <= 2 * 16384
     for _ in range(100):
-        assert parser.feed(b"RAAS1 abc 1 0 \0" + b"x" * 10_000 + b"\0" + b"y" * 10_000) == []
+        assert parser.feed(b"RAAS1 abc 1 0  i 1 /\0" + b"x" * 10_000 + b"\0" + b"y" * 10_000) == []
     assert len(parser._buf) <= 2 * 16384
-    assert parser.feed(b"\0\0\0RAAS1 def 2 3 \0/\0\0\0") == [Report("def", 2, 3, "", "/", "", "")]
+    assert parser.feed(b"\0\0\0RAAS1 def 2 3  i 1 /\0\0\0") == [Report("def", 2, 3, "", "1", "/", "", "")]
 
 
 def test_validate_args() -> None:

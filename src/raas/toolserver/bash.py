@@ -88,7 +88,7 @@ class BashSession:
         self._parser = bashproto.ReportParser()
         self._seq = 0
         self._nonce = ""
-        self._status = 0
+        self._state = bashproto.ShellState()
         self._done: Optional[asyncio.Future] = None
         self._buffer = OutputBuffer(4096)
         self._modes: Optional[List[Any]] = None
@@ -114,7 +114,7 @@ class BashSession:
         self._parser = bashproto.ReportParser()
         self._buffer = OutputBuffer(4096)
         self._seq = 0
-        self._status = 0
+        self._state = bashproto.ShellState()
         self._nonce = secrets.token_hex(8)
         self._done = loop.create_future()
         rc_fd = -1
@@ -165,7 +165,7 @@ class BashSession:
             done, _ = await asyncio.wait({self._done}, timeout=START_TIMEOUT_S)
             if not done:
                 raise ProtocolError(TOOL_ERROR, "bash did not start within %ss" % START_TIMEOUT_S)
-            self.cwd = self._done.result().cwd or self.workdir
+            self._settle(self._done.result())
         except SessionDead:
             self.close()
             raise ProtocolError(TOOL_ERROR, "bash exited while starting") from None
@@ -314,8 +314,10 @@ class BashSession:
             ptyctl.write_file(self._cmd_fd, data)
         self._seq += 1
         self._nonce = secrets.token_hex(8)
-        runner = self._runner if bashproto.needs_runner(command) else None
-        line = bashproto.command_line(self._seq, self._nonce, self._status, inline, runner)
+        assert self._paths is not None
+        line = bashproto.command_line(
+            self._seq, self._nonce, self._state, inline, self._paths, bashproto.needs_runner(command)
+        )
         done = asyncio.get_running_loop().create_future()
         self._done = done
         self._prepare_tty()
@@ -351,7 +353,7 @@ class BashSession:
         self._buffer.feed(pending_head + pending_tail)
         self.last_output = asyncio.get_running_loop().time()
         done = self._start_command(command)
-        return await self._follow(done, limits, cap, restart, interrupt=False)
+        return await self._follow(done, limits, cap, restart, interrupt=None)
 
     async def send(
         self, text: str, interrupt: bool, limits: bashproto.Limits, cap: int, restart: Callable[[], Any]
@@ -367,14 +369,19 @@ class BashSession:
             raise ProtocolError(BAD_REQUEST, "input of %d bytes exceeds %d bytes" % (len(data), MAX_INPUT))
         loop = asyncio.get_running_loop()
         self.last_output = loop.time()
-        if not done.done() and data and not interrupt:
+        mode = "hard" if interrupt else None
+        if data == b"\x03" and ptyctl.signals_enabled(self.fd):
+            # Ctrl-C as a key: SIGINT like the terminal would send, but with the same care as an interrupt
+            # (bash may discard the command line) and without escalating if the program carries on.
+            mode = "soft"
+        if not done.done() and data and mode is None:
             # A report may be waiting in the pipe: then the command is over and bash must not get the text.
             if self._report_read_fd >= 0:
                 self._on_report(self._report_read_fd)
             if not done.done():
                 self._dirty = True
                 await self._write_input(data, done, limits.deadline(loop.time()))
-        return await self._follow(done, limits, cap, restart, interrupt=interrupt)
+        return await self._follow(done, limits, cap, restart, interrupt=mode)
 
     async def _write_input(self, data: bytes, done: asyncio.Future, deadline: float) -> None:
         loop = asyncio.get_running_loop()
@@ -402,11 +409,17 @@ class BashSession:
         limits: bashproto.Limits,
         cap: int,
         restart: Callable[[], Any],
-        interrupt: bool,
+        interrupt: Optional[str],
     ) -> Dict[str, Any]:
+        """Wait for the command (``interrupt``: ``"hard"`` stops it, ``"soft"`` only sends SIGINT first)."""
         timed_out = interrupted = restarted = waiting = False
         exit_code: Optional[int] = None
-        if interrupt and not done.done():
+        if interrupt == "soft":
+            # Ended by the Ctrl-C, or the program took it and carries on: then follow it as usual.
+            interrupted = not done.done() and await self._interrupt(done, escalate=False)
+        if interrupted:
+            reason = "done"
+        elif interrupt == "hard" and not done.done():
             interrupted = True
             reason = "done" if await self._interrupt(done) else "stuck"
         else:
@@ -430,6 +443,11 @@ class BashSession:
             else:
                 report = done.result()
                 exit_code = self._settle(report)
+                if "x" in report.flags:
+                    # Under ``set -x`` bash traced the call of the report function: not output.
+                    self._buffer.cut_line(
+                        b"__raas_z %d %s %d" % (report.seq, report.nonce.encode(), report.status)
+                    )
                 if interrupted:
                     self._strip_probe_echo(report)
         else:
@@ -460,8 +478,8 @@ class BashSession:
         }
 
     def _settle(self, report: bashproto.Report) -> int:
-        """Take over what a finished command left: its status (``$?`` of the next one) and cwd."""
-        self._status = report.status
+        """Take over what a finished command left: ``$?``, options and prompts for the next one; the cwd."""
+        self._state = report.state()
         self.cwd = report.cwd or self._proc_cwd()
         return report.status
 
@@ -501,13 +519,14 @@ class BashSession:
             await asyncio.wait({done}, timeout=min(hard, check) - now)
         return "done"
 
-    async def _interrupt(self, done: asyncio.Future) -> bool:
+    async def _interrupt(self, done: asyncio.Future, escalate: bool = True) -> bool:
         """SIGINT the foreground job, then SIGKILL it; True once bash reported the command's end.
 
         SIGINT goes to the process group directly (not as a ``^C`` byte), so ``stty raw``/``-isig`` cannot
         turn it into input for the next command. A Ctrl-C'd command line is discarded by bash together
         with its report; bash then prints a newline and its prompt. Once bash holds the terminal and has
         printed something (or has been quiet for :data:`PROBE_SETTLE_S`), a probe line asks for the status.
+        Without ``escalate``, a program that keeps the terminal (a REPL catching Ctrl-C) is left running.
         """
         loop = asyncio.get_running_loop()
         signalled = loop.time()
@@ -523,6 +542,8 @@ class BashSession:
             now = loop.time()
             if fg != self.pid:
                 shell_since = None
+                if not escalate and (self.last_output > signalled or now >= deadline):
+                    break
                 if now >= deadline:
                     if kills >= 3:
                         break

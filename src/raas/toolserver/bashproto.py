@@ -2,21 +2,24 @@
 
 A command never travels as typed text and completion never travels in the output:
 
-* The command text sits in a server-owned memory file (or, when short, inline in an ANSI-C quoted
-  argument) and bash runs it with ``eval``, so error messages look like an interactive shell's
-  (``bash: foo: command not found``) and no ``RETURN`` trap fires.
-* The one line written to the pty calls a pre-command function (restores the user's prompt variables and
-  shell options), sets ``$?`` to the previous command's status, ``eval``\\ s the command, then calls a
-  reporting function under ``2>/dev/null`` that hides the user's prompt variables again and writes
-  ``RAAS1 <nonce> <seq> <status> <flags>\\0<pwd>\\0<PS1>\\0<PS0>\\0`` to a pipe of the server's, opened
-  through ``/proc/<server pid>/fd/N``. The user's redirections, ``PROMPT_COMMAND``, ``PS1``, ``set -o vi``
-  or a command that prints a look-alike marker cannot end a call early or make it hang; the per-command
-  nonce is never shown to the user's code.
+* The command text sits inline in an ANSI-C quoted assignment on the one line written to the pty (or, when
+  long, in a server-owned memory file) and bash runs it with ``eval``, so error messages look like an
+  interactive shell's (``bash: foo: command not found``) and no ``RETURN`` trap fires.
+* That line restores the user's prompt variables and shell options (the server knows which from the
+  previous report), sets ``$?`` to the previous command's status, ``eval``\\ s the command, then calls a
+  reporting function under ``2>/dev/null`` that hides the prompt variables again and writes
+  ``RAAS1 <nonce> <seq> <status> <options> <$-> <saved> <pwd>\\0<PS1>\\0<PS0>\\0`` to a pipe of the
+  server's, opened through ``/proc/<server pid>/fd/N``. The user's redirections, ``PROMPT_COMMAND``,
+  ``PS1``, ``set -o vi`` or a command that prints a look-alike marker cannot end a call early or make it
+  hang; the per-command nonce is never shown to the user's code.
 * Nothing of this lives in the file system, so cleaning ``/tmp`` or ``$TMPDIR`` cannot break a session.
 * ``set -x``/``set -v`` are off between commands and come back (through a one-shot ``DEBUG`` trap) at the
   user's first command, so traces show only the user's commands.
 * A command that Ctrl-C aborts takes the rest of the line with it (bash discards it); the server then
   writes a *probe* line that re-reads the function definitions and reports with the aborted status.
+
+The line does as little as possible in bash (an assignment, the ``eval``, one function call): it is paid
+on every command.
 """
 
 from __future__ import annotations
@@ -31,53 +34,55 @@ MAX_REPORT = 16384
 INLINE_MAX = 3000
 """Longest ANSI-C quoted command sent on the pty line itself; a pty line holds at most 4095 bytes."""
 
-# ${PS1@P} (prompt expansion) needs bash >= 4.4; the eval keeps older parsers away from it.
+# __raas_z SEQ NONCE STATUS runs with stdout on the report pipe: it hides the user's prompt variables (set
+# again by the next command line) and shell options, then reports. ``__raas_in`` is set while the user's
+# prompt variables are live, so a probe after a normal report only reports (__raas_r). A probe reports the
+# user's expanded PS1/PS0 too (${PS1@P}: bash >= 4.4, the eval keeps older parsers away from it). Under
+# ``set -x`` the call of __raas_z is traced: the server cuts that trace from the output. Every statement
+# of __raas_z is paid on every command.
 _DEFS = r"""
 __raas_rc() { return "$1"; }
-__raas_a() {
-  if [[ -z ${__raas_in-} ]]; then
-    [[ ${__raas_q-} != *0* ]] || PS0=$__raas_p0
-    [[ ${__raas_q-} != *1* ]] || PS1=$__raas_p1
-    [[ ${__raas_q-} != *2* ]] || PS2=$__raas_p2
-    if [[ ${__raas_q-} == *c* ]]; then
-      if ((${#__raas_pc[@]} > 1)); then PROMPT_COMMAND=("${__raas_pc[@]}"); else PROMPT_COMMAND=${__raas_pc[0]-}; fi
-    fi
-    __raas_in=1
-  fi
-  if [[ -n ${1+x} ]]; then __raas_c=$1; else __raas_c=; IFS= \builtin read -r -d '' __raas_c <@CMD@ || :; fi
-  [[ $- != *a* ]] || \builtin export -n __raas_c __raas_in __raas_f __raas_q __raas_p0 __raas_p1 __raas_p2 __raas_pc
-  case ${__raas_f-} in *h*) \builtin set -o history; \builtin history -s "$__raas_c";; esac
-  case ${__raas_f-} in *V*) \builtin set -o vi;; *E*) \builtin set -o emacs;; esac
-  case ${__raas_f-} in *[xv]*) \builtin trap '[[ -n ${FUNCNAME-} || $BASH_COMMAND == *__raas_* || $BASH_COMMAND == *@RUNNER@ ]] || { \builtin trap - DEBUG; [[ $__raas_f != *v* ]] || \builtin set -v; [[ $__raas_f != *x* ]] || \builtin set -x; }' DEBUG;; esac
+__raas_z() {
+  __raas_in= __raas_q=${PS0+0}${PS1+1}${PS2+2} __raas_p0=${PS0-} __raas_p1=${PS1-} __raas_p2=${PS2-} PS1= PS2=
+  [[ -z ${PS0-}${PROMPT_COMMAND[*]+x} ]] || __raas_hide
+  case :$SHELLOPTS: in *:xtrace:*|*:verbose:*|*:history:*|*:vi:*|*:emacs:*) __raas_off;; *) __raas_f=;; esac
+  \builtin printf '%s\0' "RAAS1 $2 $1 $3 $__raas_f $- $__raas_q ${PWD-}" "${__raas_e-}" "${__raas_e0-}"
+}
+__raas_r() {
+  case :$SHELLOPTS: in *:xtrace:*|*:verbose:*|*:history:*|*:vi:*|*:emacs:*) __raas_off;; *) __raas_f=;; esac
+  \builtin printf '%s\0' "RAAS1 $2 $1 $3 $__raas_f $- ${__raas_q-} ${PWD-}" "" ""
+}
+__raas_hide() {
+  [[ -z ${PS0+x} ]] || PS0=
+  [[ -z ${PROMPT_COMMAND[*]+x} ]] || { __raas_q+=c; __raas_pc=("${PROMPT_COMMAND[@]}"); \builtin unset PROMPT_COMMAND; }
+}
+__raas_off() {
+  __raas_f=
+  [[ $- != *x* ]] || __raas_f+=x
+  [[ $- != *v* ]] || __raas_f+=v
+  case :$SHELLOPTS: in *:history:*) __raas_f+=h;; esac
+  case :$SHELLOPTS: in *:vi:*) __raas_f+=V;; *:emacs:*) __raas_f+=E;; esac
+  \builtin set +xv +o history
+  [[ $__raas_f != *V* ]] || \builtin set +o vi
+  [[ $__raas_f != *E* ]] || \builtin set +o emacs
   return 0
 }
-__raas_z() {
-  local __raas_s=$? __raas_e= __raas_e0=
-  [[ -z ${3-} ]] || __raas_s=$3
+__raas_probe() {
   if [[ -n ${__raas_in-} ]]; then
-    __raas_f=
-    [[ $- != *x* ]] || __raas_f+=x
-    [[ $- != *v* ]] || __raas_f+=v
-    case :$SHELLOPTS: in *:history:*) __raas_f+=h;; esac
-    case :$SHELLOPTS: in *:vi:*) __raas_f+=V;; *:emacs:*) __raas_f+=E;; esac
-    [[ -z $__raas_f ]] || \builtin set +xv +o history +o vi +o emacs
-    if [[ -n ${3-} ]] && ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 404)); then
-      [[ -z ${PS1-} ]] || \builtin eval '__raas_e=${PS1@P}'
-      [[ -z ${PS0-} ]] || \builtin eval '__raas_e0=${PS0@P}'
+    __raas_e= __raas_e0=
+    if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 404)); then
+      [[ -z ${PS1-} ]] || \builtin eval '__raas_e=${PS1@P}' && __raas_e=${__raas_e:0:4096}
+      [[ -z ${PS0-} ]] || \builtin eval '__raas_e0=${PS0@P}' && __raas_e0=${__raas_e0:0:4096}
     fi
-    __raas_q=
-    [[ -z ${PS0+x} ]] || { __raas_q+=0; __raas_p0=$PS0; PS0=; }
-    [[ -z ${PS1+x} ]] || { __raas_q+=1; __raas_p1=$PS1; PS1=; }
-    [[ -z ${PS2+x} ]] || { __raas_q+=2; __raas_p2=$PS2; PS2=; }
-    if [[ -n ${PROMPT_COMMAND[*]+x} ]]; then
-      __raas_q+=c; __raas_pc=("${PROMPT_COMMAND[@]}"); \builtin unset PROMPT_COMMAND
-    fi
-    \builtin unset __raas_in
+    { __raas_z "$@"; } >|@REPORT@
+    \builtin unset __raas_e __raas_e0
+  else
+    { __raas_r "$@"; } >|@REPORT@
   fi
-  \builtin unset __raas_c __raas_d
-  \builtin printf 'RAAS1 %s %s %s %s\0%s\0%s\0%s\0' "$2" "$1" "$__raas_s" "${__raas_f-}" "${PWD-}" \
-    "${__raas_e:0:4096}" "${__raas_e0:0:4096}" >|@REPORT@ || :
   return 0
+}
+__raas_pc() {
+  if ((${#__raas_pc[@]} > 1)); then PROMPT_COMMAND=("${__raas_pc[@]}"); else PROMPT_COMMAND=${__raas_pc[0]-}; fi
 }
 """
 
@@ -86,7 +91,7 @@ export TERM=dumb PAGER=cat GIT_PAGER=cat SYSTEMD_PAGER=cat MANPAGER=cat
 \builtin set +o history
 \builtin unset HISTFILE
 __raas_in=1
-__raas_z 0 @NONCE@
+{ __raas_z 0 @NONCE@ 0; } >|@REPORT@
 """
 
 
@@ -106,16 +111,12 @@ def proc_fd_path(pid: int, fd: int) -> str:
 
 def definitions(paths: Paths) -> str:
     """The shell functions a session relies on (re-read by the probe line if the user removed them)."""
-    return (
-        _DEFS.replace("@CMD@", paths.command)
-        .replace("@REPORT@", paths.report)
-        .replace("@RUNNER@", paths.runner)
-    )
+    return _DEFS.replace("@REPORT@", paths.report)
 
 
 def rcfile(paths: Paths, nonce: str) -> str:
     """The ``--rcfile`` of a session: the functions, terminal-neutral settings, then the ready report."""
-    return definitions(paths) + _RC.replace("@NONCE@", nonce)
+    return definitions(paths) + _RC.replace("@NONCE@", nonce).replace("@REPORT@", paths.report)
 
 
 def ansi_c_quote(data: bytes) -> str:
@@ -163,34 +164,79 @@ def needs_runner(command: str) -> bool:
     return _EDITING_WORD.search(command) is not None
 
 
-def command_line(
-    seq: int, nonce: str, last_status: int, inline: Optional[str], runner: Optional[str] = None
-) -> bytes:
-    """The line that runs command ``seq`` with ``$?`` preset to ``last_status``.
+class ShellState(NamedTuple):
+    """What the previous report said about the shell, which the next command line restores."""
 
-    ``__raas_rc N || eval`` sets ``$?`` without tripping ``set -e`` or an ``ERR`` trap (a failing
-    command left of ``||`` does neither); with ``N == 0`` the ``&&`` form runs the command. With
-    ``runner`` (a path), the command runs from that sourced file instead (see :func:`needs_runner`).
+    status: int = 0
+    """``$?`` for the next command."""
+    flags: str = ""
+    """Options hidden between commands: x(trace), v(erbose), h(istory), V(i), E(macs); a(llexport)."""
+    saved: str = "12"
+    """Prompt variables the user had set (hidden between commands): 0, 1, 2 for PS0-2, c for PROMPT_COMMAND."""
+
+
+# Restores PS0/1/2 in one assignment; the DEBUG trap turns tracing back on at the user's first command.
+_TRACE_TRAP = (
+    "\\builtin trap '[[ -n ${FUNCNAME-} || $BASH_COMMAND == *__raas_* || $BASH_COMMAND == *%s ]] || "
+    "{ \\builtin trap - DEBUG; %s}' DEBUG; "
+)
+
+
+def command_line(
+    seq: int, nonce: str, state: ShellState, inline: Optional[str], paths: Paths, runner: bool = False
+) -> bytes:
+    """The line that runs command ``seq`` in the shell ``state`` describes.
+
+    ``__raas_rc N || eval`` sets ``$?`` without tripping ``set -e`` or an ``ERR`` trap (a failing command
+    left of ``||`` does neither); after an assignment ``$?`` is already 0. With ``runner``, the command runs
+    from the sourced runner file instead (see :func:`needs_runner`).
     """
-    pre = "__raas_a" if inline is None else "__raas_a " + inline
-    joiner = "||" if last_status else "&&"
-    run = '\\builtin eval "$__raas_c"' if runner is None else "\\builtin source " + runner
-    line = "%s; __raas_rc %d %s %s; { __raas_z %d %s; } 2>/dev/null\n" % (
-        pre,
-        last_status,
-        joiner,
-        run,
-        seq,
-        nonce,
-    )
-    return line.encode("ascii")
+    assign = ["__raas_in=1"]
+    for key, var in (("0", "PS0"), ("1", "PS1"), ("2", "PS2")):
+        if key in state.saved:
+            assign.append("%s=$__raas_p%s" % (var, key))
+    if inline is not None:
+        assign.append("__raas_c=" + inline)
+    parts = [" ".join(assign) + ";"]
+    for key, var in (("1", "PS1"), ("2", "PS2")):
+        if key not in state.saved:
+            parts.append("\\builtin unset %s;" % var)  # hidden as empty strings: unset again
+    zero = inline is not None and len(parts) == 1
+    if inline is None:
+        parts.append("IFS= \\builtin read -r -d '' __raas_c <%s;" % paths.command)
+    if "c" in state.saved:
+        parts.append("__raas_pc;")
+    if "a" in state.flags:
+        parts.append(
+            "\\builtin export -n __raas_c __raas_in __raas_q __raas_p0 __raas_p1 __raas_p2 __raas_pc;"
+        )
+    if "h" in state.flags:
+        parts.append('\\builtin set -o history; \\builtin history -s "$__raas_c";')
+    if "V" in state.flags:
+        parts.append("\\builtin set -o vi;")
+    elif "E" in state.flags:
+        parts.append("\\builtin set -o emacs;")
+    trace = "".join("\\builtin set -%s; " % f for f in "vx" if f in state.flags)
+    if trace:
+        parts.append(_TRACE_TRAP % (paths.runner, trace))
+        zero = False
+    run = '\\builtin eval "$__raas_c"' if not runner else "\\builtin source " + paths.runner
+    if state.status:
+        parts.append("__raas_rc %d || %s;" % (state.status, run))
+    elif zero:
+        parts.append(run + ";")
+    else:
+        parts.append("__raas_rc 0 && %s;" % run)
+    parts.append("{ __raas_z %d %s $?; } >|%s\n" % (seq, nonce, paths.report))
+    return " ".join(parts).encode("ascii")
 
 
 def probe_line(seq: int, nonce: str, paths: Paths) -> bytes:
     """After Ctrl-C aborted a command line: reload the functions and report the aborted status."""
     line = (
         "{ __raas_s=$?; IFS= \\builtin read -r -d '' __raas_d <%s || :; \\builtin eval \"${__raas_d-}\"; "
-        '__raas_z %d %s "$__raas_s"; \\builtin unset __raas_s; } 2>/dev/null\n' % (paths.defs, seq, nonce)
+        '__raas_probe %d %s "$__raas_s"; \\builtin unset __raas_s __raas_d; } 2>&-\n'
+        % (paths.defs, seq, nonce)
     )
     return line.encode("ascii")
 
@@ -200,15 +246,22 @@ class Report(NamedTuple):
     seq: int
     status: int
     flags: str
-    """Shell options the user had on, hidden between commands: x, v, h(istory), V(i), E(macs)."""
+    """See :attr:`ShellState.flags`."""
+    saved: str
+    """See :attr:`ShellState.saved`."""
     cwd: str
     prompt: str
     """The user's expanded PS1 (probe reports only): the prompt bash printed after an aborted command."""
     prompt0: str
     """The user's expanded PS0 (probe reports only): printed before bash ran the probe line."""
 
+    def state(self) -> ShellState:
+        return ShellState(self.status, self.flags, self.saved)
 
-_HEADER = re.compile(rb"RAAS1 ([0-9a-f]{1,64}) ([0-9]{1,18}) ([0-9]{1,3}) ([a-zA-Z]{0,8})\Z")
+
+_HEADER = re.compile(
+    rb"RAAS1 ([0-9a-f]{1,64}) ([0-9]{1,18}) ([0-9]{1,3}) ([xvhVE]{0,8}) ([a-zA-Z]{0,32}) ([012c]{0,4}) ", re.S
+)
 
 
 class ReportParser:
@@ -218,6 +271,8 @@ class ReportParser:
     the parser resynchronizes on the next ``RAAS1`` header, keeps at most :data:`MAX_REPORT` bytes
     of an incomplete record, and callers match reports against the nonce they sent.
     """
+
+    FIELDS = 3
 
     def __init__(self) -> None:
         self._buf = b""
@@ -237,15 +292,15 @@ class ReportParser:
                 buf = buf[len(buf) - keep :]
                 break
             buf = buf[start:]
-            fields = buf.split(b"\0", 4)
-            if len(fields) < 5:
+            fields = buf.split(b"\0", self.FIELDS)
+            if len(fields) <= self.FIELDS:
                 if len(buf) > MAX_REPORT:
                     buf = buf[len(REPORT_MAGIC) :]
                     continue
                 break
-            header, cwd, prompt, prompt0, rest = fields
+            header, prompt, prompt0, rest = fields
             m = _HEADER.match(header)
-            if m is None or len(cwd) + len(prompt) + len(prompt0) > MAX_REPORT:
+            if m is None or len(header) + len(prompt) + len(prompt0) > MAX_REPORT:
                 buf = buf[len(REPORT_MAGIC) :]
                 continue
             reports.append(
@@ -253,8 +308,9 @@ class ReportParser:
                     m.group(1).decode("ascii"),
                     int(m.group(2)),
                     int(m.group(3)),
-                    m.group(4).decode("ascii"),
-                    cwd.decode("utf-8", "replace"),
+                    m.group(4).decode("ascii") + ("a" if b"a" in m.group(5) else ""),
+                    m.group(6).decode("ascii"),
+                    header[m.end() :].decode("utf-8", "replace"),
                     prompt.decode("utf-8", "replace"),
                     prompt0.decode("utf-8", "replace"),
                 )

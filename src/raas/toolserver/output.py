@@ -160,6 +160,26 @@ class OutputBuffer:
         self.total -= len(suffix)
         return True
 
+    def cut_line(self, needle: bytes) -> bool:
+        """Drop the last line containing ``needle`` and everything after it (a trace of the tool's own call)."""
+        head, tail, dropped = self.raw()
+        kept = tail if dropped else head + tail
+        at = kept.rfind(needle)
+        if at < 0:
+            return False
+        start = kept.rfind(b"\n", 0, at) + 1
+        keep = kept[:start]
+        removed = len(kept) - len(keep)
+        if dropped:
+            self._tail = bytearray(keep)
+        else:
+            self._head, self._tail = bytearray(), bytearray()
+            self.total = 0
+            self.feed(keep)
+            return True
+        self.total -= removed
+        return True
+
     def raw(self) -> Tuple[bytes, bytes, int]:
         """Return (head, tail, bytes dropped between them)."""
         if len(self._tail) > self._tail_cap:

@@ -122,6 +122,14 @@ def set_modes(fd: int, attrs: List[Any]) -> bool:
         return False
 
 
+def signals_enabled(fd: int) -> bool:
+    """Whether the terminal turns Ctrl-C into SIGINT (not in ``stty raw``/``-isig`` mode)."""
+    try:
+        return bool(termios.tcgetattr(fd)[3] & termios.ISIG)
+    except termios.error:
+        return False
+
+
 def foreground_group(master: int) -> Optional[int]:
     try:
         return os.tcgetpgrp(master)

@@ -188,6 +188,11 @@ async def interactive_programs_wait_for_input(tools: ToolClient, s: str) -> None
     assert r.waiting_for_input and "KeyboardInterrupt" in r.output
     r = await tools.bash_send("exit()\n", session=s, no_output_timeout=5, timeout=T)
     assert r.exit_code == 0 and not r.waiting_for_input
+    # Ctrl-C as a key: a shell builtin reading input is interrupted and the rest of the line discarded.
+    r = await tools.bash("read x; echo never", session=s, no_output_timeout=1, timeout=T)
+    assert r.waiting_for_input
+    r = await tools.bash_send("C-c", session=s, no_output_timeout=1, timeout=T)
+    assert (r.exit_code, r.interrupted, r.waiting_for_input) == (130, True, False) and "never" not in r.output
     r = await tools.bash("sleep 1000 & read x", session=s, no_output_timeout=1, timeout=T)
     assert r.waiting_for_input
     r = await tools.bash_send(session=s, interrupt=True, timeout=T)

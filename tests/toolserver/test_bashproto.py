@@ -36,17 +36,17 @@ def test_command_line_shape() -> None:
     inline = bashproto.inline_argument(data)
     assert inline == "$'echo hithere\\x0a'"
     assert bashproto.inline_argument(b"x" * (bashproto.INLINE_MAX + 1)) is None
-    # The common case: one assignment restores PS1/PS2 and sets $? to 0, then eval, then the report.
+    # The common case: one assignment restores PS1 and sets $? to 0, then eval, then the report.
     line = bashproto.command_line(3, "ab12", bashproto.ShellState(), inline, PATHS)
     assert line == (
-        b"__raas_in=1 PS1=$__raas_p1 PS2=$__raas_p2 __raas_c=$'echo hithere\\x0a'; "
+        b"__raas_in=1 PS1=$__raas_p1 __raas_c=$'echo hithere\\x0a'; "
         b'\\builtin eval "$__raas_c"; { __raas_z 3 ab12 $?; } >|/proc/1/fd/6\n'
     )
     state = bashproto.ShellState(130, "xhV", "0c")
     line = bashproto.command_line(4, "ab12", state, None, PATHS, runner=True)
     for part in (
         b"PS0=$__raas_p0",
-        b"\\builtin unset PS1; \\builtin unset PS2;",
+        b"\\builtin unset PS1;",
         b"read -r -d '' __raas_c </proc/1/fd/5;",
         b"__raas_pc;",
         b"\\builtin set -o history;",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import os
 import secrets
 import shutil
@@ -93,6 +94,7 @@ class BashSession:
         self._buffer = OutputBuffer(4096)
         self._modes: Optional[List[Any]] = None
         self._tty = -1
+        self._nonces = bytearray()
         self._dirty = False
         self.last_output = 0.0
 
@@ -307,13 +309,21 @@ class BashSession:
             ptyctl.flush_input(self.fd)
             self._dirty = False
 
+    def _next_nonce(self) -> str:
+        """64 random bits per command, drawn from a pool refilled every 512 commands (one syscall)."""
+        if len(self._nonces) < 8:
+            self._nonces = bytearray(os.urandom(4096))
+        nonce = self._nonces[-8:].hex()
+        del self._nonces[-8:]
+        return nonce
+
     def _start_command(self, command: str) -> asyncio.Future:
         data = bashproto.command_bytes(command)
         inline = bashproto.inline_argument(data)
         if inline is None:
             ptyctl.write_file(self._cmd_fd, data)
         self._seq += 1
-        self._nonce = secrets.token_hex(8)
+        self._nonce = self._next_nonce()
         assert self._paths is not None
         line = bashproto.command_line(
             self._seq, self._nonce, self._state, inline, self._paths, bashproto.needs_runner(command)
@@ -479,7 +489,9 @@ class BashSession:
 
     def _settle(self, report: bashproto.Report) -> int:
         """Take over what a finished command left: ``$?``, options and prompts for the next one; the cwd."""
-        self._state = report.state()
+        state = self._state
+        if (report.status, report.flags, report.saved) != state:
+            self._state = report.state()
         self.cwd = report.cwd or self._proc_cwd()
         return report.status
 
@@ -516,7 +528,7 @@ class BashSession:
                     return "no_output"
                 check = now + silence
                 continue
-            await asyncio.wait({done}, timeout=min(hard, check) - now)
+            await _until(done, min(hard, check))
         return "done"
 
     async def _interrupt(self, done: asyncio.Future, escalate: bool = True) -> bool:
@@ -586,9 +598,26 @@ class BashSession:
             pass
 
 
-def _resolve(fut: asyncio.Future) -> None:
+def _resolve(fut: asyncio.Future, *_: Any) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+async def _until(done: asyncio.Future, when: float) -> None:
+    """Wait for ``done`` or the loop time ``when``, whichever comes first (one timer, no wrapper tasks)."""
+    if done.done():
+        return
+    loop = asyncio.get_running_loop()
+    wake = loop.create_future()
+    timer = loop.call_at(when, _resolve, wake) if when != float("inf") else None
+    callback = functools.partial(_resolve, wake)
+    done.add_done_callback(callback)
+    try:
+        await wake
+    finally:
+        done.remove_done_callback(callback)
+        if timer is not None:
+            timer.cancel()
 
 
 def find_bash() -> Optional[str]:

@@ -24,8 +24,9 @@ on every command.
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Tuple
 
 REPORT_MAGIC = b"RAAS1 "
 MAX_REPORT = 16384
@@ -35,29 +36,25 @@ INLINE_MAX = 3000
 """Longest ANSI-C quoted command sent on the pty line itself; a pty line holds at most 4095 bytes."""
 
 # __raas_z SEQ NONCE STATUS runs with stdout on the report pipe: it hides the user's prompt variables (set
-# again by the next command line) and shell options, then reports. ``__raas_in`` is set while the user's
-# prompt variables are live, so a probe after a normal report only reports (__raas_r). A probe reports the
-# user's expanded PS1/PS0 too (${PS1@P}: bash >= 4.4, the eval keeps older parsers away from it). Under
-# ``set -x`` the call of __raas_z is traced: the server cuts that trace from the output. Every statement
-# of __raas_z is paid on every command.
+# again by the next command line) and, when $SHELLOPTS differs from the tool's last known one, the shell
+# options that would show internals (xtrace, verbose, history, vi/emacs), then reports. ``__raas_in`` is
+# set while the user's prompt variables are live, so a probe after a normal report only reports; a probe
+# also reports the user's expanded PS1/PS0 (${PS1@P}: bash >= 4.4, the eval keeps older parsers away).
+# Under ``set -x`` the call of __raas_z is traced: the server cuts that trace from the output. Every
+# statement of __raas_z is paid on every command.
 _DEFS = r"""
 __raas_rc() { return "$1"; }
 __raas_z() {
-  __raas_in= __raas_q=${PS0+0}${PS1+1}${PS2+2} __raas_p0=${PS0-} __raas_p1=${PS1-} __raas_p2=${PS2-} PS1= PS2=
+  __raas_in= __raas_f= __raas_q=${PS0+0}${PS1+1} __raas_p0=${PS0-} __raas_p1=${PS1-} PS1=
   [[ -z ${PS0-}${PROMPT_COMMAND[*]+x} ]] || __raas_hide
-  case :$SHELLOPTS: in *:xtrace:*|*:verbose:*|*:history:*|*:vi:*|*:emacs:*) __raas_off;; *) __raas_f=;; esac
-  \builtin printf '%s\0' "RAAS1 $2 $1 $3 $__raas_f $- $__raas_q ${PWD-}" "${__raas_e-}" "${__raas_e0-}"
-}
-__raas_r() {
-  case :$SHELLOPTS: in *:xtrace:*|*:verbose:*|*:history:*|*:vi:*|*:emacs:*) __raas_off;; *) __raas_f=;; esac
-  \builtin printf '%s\0' "RAAS1 $2 $1 $3 $__raas_f $- ${__raas_q-} ${PWD-}" "" ""
+  [[ $SHELLOPTS == "${__raas_so-}" ]] || __raas_off
+  \builtin printf '%s\0\0\0' "RAAS1 $2 $1 $3 $__raas_f $- $__raas_q ${PWD-}"
 }
 __raas_hide() {
   [[ -z ${PS0+x} ]] || PS0=
   [[ -z ${PROMPT_COMMAND[*]+x} ]] || { __raas_q+=c; __raas_pc=("${PROMPT_COMMAND[@]}"); \builtin unset PROMPT_COMMAND; }
 }
 __raas_off() {
-  __raas_f=
   [[ $- != *x* ]] || __raas_f+=x
   [[ $- != *v* ]] || __raas_f+=v
   case :$SHELLOPTS: in *:history:*) __raas_f+=h;; esac
@@ -65,20 +62,23 @@ __raas_off() {
   \builtin set +xv +o history
   [[ $__raas_f != *V* ]] || \builtin set +o vi
   [[ $__raas_f != *E* ]] || \builtin set +o emacs
+  __raas_so=$SHELLOPTS
   return 0
 }
 __raas_probe() {
+  local __raas_e= __raas_e0=
   if [[ -n ${__raas_in-} ]]; then
-    __raas_e= __raas_e0=
     if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 404)); then
       [[ -z ${PS1-} ]] || \builtin eval '__raas_e=${PS1@P}' && __raas_e=${__raas_e:0:4096}
       [[ -z ${PS0-} ]] || \builtin eval '__raas_e0=${PS0@P}' && __raas_e0=${__raas_e0:0:4096}
     fi
-    { __raas_z "$@"; } >|@REPORT@
-    \builtin unset __raas_e __raas_e0
+    __raas_in= __raas_f= __raas_q=${PS0+0}${PS1+1} __raas_p0=${PS0-} __raas_p1=${PS1-} PS1=
+    [[ -z ${PS0-}${PROMPT_COMMAND[*]+x} ]] || __raas_hide
   else
-    { __raas_r "$@"; } >|@REPORT@
+    __raas_f=
   fi
+  [[ $SHELLOPTS == "${__raas_so-}" ]] || __raas_off
+  { \builtin printf '%s\0' "RAAS1 $2 $1 $3 $__raas_f $- ${__raas_q-} ${PWD-}" "$__raas_e" "$__raas_e0"; } >|@REPORT@
   return 0
 }
 __raas_pc() {
@@ -90,7 +90,7 @@ _RC = r"""
 export TERM=dumb PAGER=cat GIT_PAGER=cat SYSTEMD_PAGER=cat MANPAGER=cat
 \builtin set +o history
 \builtin unset HISTFILE
-__raas_in=1
+__raas_in=1 __raas_so=$SHELLOPTS
 { __raas_z 0 @NONCE@ 0; } >|@REPORT@
 """
 
@@ -119,19 +119,19 @@ def rcfile(paths: Paths, nonce: str) -> str:
     return definitions(paths) + _RC.replace("@NONCE@", nonce).replace("@REPORT@", paths.report)
 
 
+_UNSAFE = re.compile(r"[^\x20\x22-\x26\x28-\x5b\x5d-\x7e]")  # bytes shown as \xHH: controls, !, ', \
+
+
+def _escape(m: "re.Match[str]") -> str:
+    return "\\x%02x" % ord(m.group())
+
+
 def ansi_c_quote(data: bytes) -> str:
     """``$'...'`` that bash turns back into exactly ``data`` (NULs excepted), in printable ASCII only.
 
     No ``!`` (history expansion) and no control byte that the terminal's line discipline would act on.
     """
-    out = ["$'"]
-    for b in data:
-        if 0x20 <= b < 0x7F and b not in (0x21, 0x27, 0x5C):
-            out.append(chr(b))
-        else:
-            out.append("\\x%02x" % b)
-    out.append("'")
-    return "".join(out)
+    return "$'" + _UNSAFE.sub(_escape, data.decode("latin-1")) + "'"
 
 
 def command_bytes(command: str) -> bytes:
@@ -171,8 +171,10 @@ class ShellState(NamedTuple):
     """``$?`` for the next command."""
     flags: str = ""
     """Options hidden between commands: x(trace), v(erbose), h(istory), V(i), E(macs); a(llexport)."""
-    saved: str = "12"
-    """Prompt variables the user had set (hidden between commands): 0, 1, 2 for PS0-2, c for PROMPT_COMMAND."""
+    saved: str = "1"
+    """Prompt variables the user had set (hidden between commands): 0, 1 for PS0, PS1; c for PROMPT_COMMAND.
+
+    PS2 is never shown: every line the tool writes is a complete command."""
 
 
 # Restores PS0/1/2 in one assignment; the DEBUG trap turns tracing back on at the user's first command.
@@ -191,25 +193,29 @@ def command_line(
     left of ``||`` does neither); after an assignment ``$?`` is already 0. With ``runner``, the command runs
     from the sourced runner file instead (see :func:`needs_runner`).
     """
+    head, tail = _line_template(state, inline is not None, runner, paths)
+    line = "%s%s%s%d %s $?; } >|%s\n" % (head, inline or "", tail, seq, nonce, paths.report)
+    return line.encode("ascii")
+
+
+@functools.lru_cache(maxsize=64)
+def _line_template(state: ShellState, inline: bool, runner: bool, paths: Paths) -> Tuple[str, str]:
+    """The parts of a command line around the inline command: they change only with the shell's state."""
     assign = ["__raas_in=1"]
-    for key, var in (("0", "PS0"), ("1", "PS1"), ("2", "PS2")):
+    for key, var in (("0", "PS0"), ("1", "PS1")):
         if key in state.saved:
             assign.append("%s=$__raas_p%s" % (var, key))
-    if inline is not None:
-        assign.append("__raas_c=" + inline)
-    parts = [" ".join(assign) + ";"]
-    for key, var in (("1", "PS1"), ("2", "PS2")):
-        if key not in state.saved:
-            parts.append("\\builtin unset %s;" % var)  # hidden as empty strings: unset again
-    zero = inline is not None and len(parts) == 1
-    if inline is None:
+    head = " ".join(assign) + (" __raas_c=" if inline else ";")
+    parts = [";"] if inline else []
+    if "1" not in state.saved:
+        parts.append("\\builtin unset PS1;")  # hidden as an empty string: unset again
+    zero = inline and len(parts) == 1
+    if not inline:
         parts.append("IFS= \\builtin read -r -d '' __raas_c <%s;" % paths.command)
     if "c" in state.saved:
         parts.append("__raas_pc;")
     if "a" in state.flags:
-        parts.append(
-            "\\builtin export -n __raas_c __raas_in __raas_q __raas_p0 __raas_p1 __raas_p2 __raas_pc;"
-        )
+        parts.append("\\builtin export -n __raas_c __raas_in __raas_q __raas_p0 __raas_p1 __raas_pc;")
     if "h" in state.flags:
         parts.append('\\builtin set -o history; \\builtin history -s "$__raas_c";')
     if "V" in state.flags:
@@ -227,8 +233,8 @@ def command_line(
         parts.append(run + ";")
     else:
         parts.append("__raas_rc 0 && %s;" % run)
-    parts.append("{ __raas_z %d %s $?; } >|%s\n" % (seq, nonce, paths.report))
-    return " ".join(parts).encode("ascii")
+    parts.append("{ __raas_z ")
+    return head, (" " if not inline else "") + " ".join(parts)
 
 
 def probe_line(seq: int, nonce: str, paths: Paths) -> bytes:
@@ -264,6 +270,25 @@ _HEADER = re.compile(
 )
 
 
+def _parse(header: bytes, prompt: bytes, prompt0: bytes) -> Optional[Report]:
+    m = _HEADER.match(header)
+    if m is None or len(header) + len(prompt) + len(prompt0) > MAX_REPORT:
+        return None
+    flags = m.group(4).decode("ascii")
+    if b"a" in m.group(5):
+        flags += "a"
+    return Report(
+        m.group(1).decode("ascii"),
+        int(m.group(2)),
+        int(m.group(3)),
+        flags,
+        m.group(6).decode("ascii"),
+        header[m.end() :].decode("utf-8", "replace"),
+        prompt.decode("utf-8", "replace") if prompt else "",
+        prompt0.decode("utf-8", "replace") if prompt0 else "",
+    )
+
+
 class ReportParser:
     """Splits the report pipe's byte stream into :class:`Report` records.
 
@@ -278,6 +303,17 @@ class ReportParser:
         self._buf = b""
 
     def feed(self, data: bytes) -> List[Report]:
+        if (
+            not self._buf
+            and data.startswith(REPORT_MAGIC)
+            and data.endswith(b"\0")
+            and data.count(b"\0") == 3
+        ):
+            # The usual case: exactly one whole report per read.
+            header, prompt, prompt0, _ = data.split(b"\0")
+            report = _parse(header, prompt, prompt0)
+            if report is not None:
+                return [report]
         buf = self._buf + data
         reports: List[Report] = []
         while True:
@@ -299,22 +335,11 @@ class ReportParser:
                     continue
                 break
             header, prompt, prompt0, rest = fields
-            m = _HEADER.match(header)
-            if m is None or len(header) + len(prompt) + len(prompt0) > MAX_REPORT:
+            report = _parse(header, prompt, prompt0)
+            if report is None:
                 buf = buf[len(REPORT_MAGIC) :]
                 continue
-            reports.append(
-                Report(
-                    m.group(1).decode("ascii"),
-                    int(m.group(2)),
-                    int(m.group(3)),
-                    m.group(4).decode("ascii") + ("a" if b"a" in m.group(5) else ""),
-                    m.group(6).decode("ascii"),
-                    header[m.end() :].decode("utf-8", "replace"),
-                    prompt.decode("utf-8", "replace"),
-                    prompt0.decode("utf-8", "replace"),
-                )
-            )
+            reports.append(report)
             buf = rest
         self._buf = buf
         return reports

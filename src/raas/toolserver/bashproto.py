@@ -7,9 +7,9 @@ A command never travels as typed text and completion never travels in the output
   interactive shell's (``bash: foo: command not found``) and no ``RETURN`` trap fires.
 * That line restores the user's prompt variables and shell options (the server knows which from the
   previous report), sets ``$?`` to the previous command's status, ``eval``\\ s the command, then calls a
-  reporting function under ``2>/dev/null`` that hides the prompt variables again and writes
-  ``RAAS1 <nonce> <seq> <status> <options> <$-> <saved> <pwd>\\0<PS1>\\0<PS0>\\0`` to a pipe of the
-  server's, opened through ``/proc/<server pid>/fd/N``. The user's redirections, ``PROMPT_COMMAND``,
+  reporting function, its stdout redirected to a pipe of the server's opened through
+  ``/proc/<server pid>/fd/N``, that hides the prompt variables again and writes
+  ``RAAS1 <nonce> <seq> <status> <options> <$-> <saved> <pwd>\\0<PS1>\\0<PS0>\\0``. The user's redirections, ``PROMPT_COMMAND``,
   ``PS1``, ``set -o vi`` or a command that prints a look-alike marker cannot end a call early or make it
   hang; the per-command nonce is never shown to the user's code.
 * Nothing of this lives in the file system, so cleaning ``/tmp`` or ``$TMPDIR`` cannot break a session.

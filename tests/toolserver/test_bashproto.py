@@ -27,7 +27,7 @@ def test_ansi_c_quote_round_trips_through_bash(data: bytes) -> None:
     assert bash_prints(quoted) == data.split(b"\0")[0]  # bash strings end at NUL: commands have none
 
 
-PATHS = bashproto.Paths("/proc/1/fd/5", "/proc/1/fd/6", "/proc/1/fd/7", "/proc/1/fd/8")
+PATHS = bashproto.Paths("/proc/1/fd/5", "/proc/1/fd/7", "/proc/1/fd/8")
 
 
 def test_command_line_shape() -> None:
@@ -37,13 +37,13 @@ def test_command_line_shape() -> None:
     assert inline == "$'echo hithere\\x0a'"
     assert bashproto.inline_argument(b"x" * (bashproto.INLINE_MAX + 1)) is None
     # The common case: one assignment restores PS1 and sets $? to 0, then eval, then the report.
-    line = bashproto.command_line(3, "ab12", bashproto.ShellState(), inline, PATHS)
+    line = bashproto.command_line(3, "1234", bashproto.ShellState(), inline, PATHS)
     assert line == (
         b"__raas_in=1 PS1=$__raas_p1 __raas_c=$'echo hithere\\x0a'; "
-        b'\\builtin eval "$__raas_c"; { __raas_z 3 ab12 $?; } >|/proc/1/fd/6\n'
+        b'\\builtin eval "$__raas_c"; { __raas_z 3 1234 $?; } >&0\n'
     )
-    state = bashproto.ShellState(130, "xhV", "0c")
-    line = bashproto.command_line(4, "ab12", state, None, PATHS, runner=True)
+    state = bashproto.ShellState(130, "xhy", "0c")
+    line = bashproto.command_line(4, "1234", state, None, PATHS, runner=True)
     for part in (
         b"PS0=$__raas_p0",
         b"\\builtin unset PS1;",

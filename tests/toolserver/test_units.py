@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import raas.toolserver as toolserver_pkg
-from raas.toolserver.bashproto import Report, ReportParser
+from raas.toolserver.bashproto import Report, ReportScanner, parse_report
 from raas.toolserver.bundle import BUNDLE_PACKAGE, build_bundle
 from raas.toolserver.output import OutputBuffer, cap_text, clean_text
 from raas.toolserver.protocol import (
@@ -89,32 +89,34 @@ def test_clean_text() -> None:
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 7, 64])
-def test_report_parser_across_chunk_boundaries(chunk: int) -> None:
-    stream = (
-        b"junk RAAS1 RAAS1 zz 1 0  himBH 12 /x\0\0\0"  # a bad header is skipped, the parser resyncs
-        + b"RAAS1 abc123 7 0 xV himBH 12 /tmp/a b\0\0\0"
-        + b"RAAS1 abc123 8 130  himBH 012c /\0(v) root$ \0zero> \0RAAS1 ab"
-    )
-    parser = ReportParser()
-    reports = []
+def test_report_scanner_across_chunk_boundaries(chunk: int) -> None:
+    old = b"RAAS1 111 6 0  himBH 1 /old\0\0\0"  # an earlier command's report: output now
+    fake = b"RAAS1 999 7 0  himBH 1 /fake\0\0\0"  # a look-alike with the wrong nonce
+    real = b"RAAS1 123 7 130 xy ahimBH 01c /tmp/a b\0(v) root$ \0zero> \0"
+    stream = b"out R RA " + old + fake + b"RAAS1 123 6 0 " + real + b"after"
+    scanner = ReportScanner()
+    scanner.expect("123", 7)
+    out, reports = b"", []
     for i in range(0, len(stream), chunk):
-        reports += parser.feed(stream[i : i + chunk])
-    assert reports == [
-        Report("abc123", 7, 0, "xV", "12", "/tmp/a b", "", ""),
-        Report("abc123", 8, 130, "", "012c", "/", "(v) root$ ", "zero> "),
-    ]
-    assert parser.feed(b"c 9 1  ahimBH  \0\0\0") == [Report("abc", 9, 1, "a", "", "", "", "")]
+        piece, report = scanner.feed(stream[i : i + chunk])
+        out += piece
+        reports += [report] if report else []
+    assert reports == [Report("123", 7, 130, "xya", "01c", "/tmp/a b", "(v) root$ ", "zero> ")]
+    assert out == b"out R RA " + old + fake + b"RAAS1 123 6 0 after"
+    assert scanner.feed(real) == (real, None)  # one report per command
 
 
-def test_report_parser_memory_is_bounded() -> None:
-    parser = ReportParser()
-    for _ in range(100):  # a header that never ends, then fields that never end
-        assert parser.feed(b"RAAS1 abc 1 0  i 1 " + b"x" * 10_000) == []
-    assert len(parser._buf) <= 2 * 16384
-    for _ in range(100):
-        assert parser.feed(b"RAAS1 abc 1 0  i 1 /\0" + b"x" * 10_000 + b"\0" + b"y" * 10_000) == []
-    assert len(parser._buf) <= 2 * 16384
-    assert parser.feed(b"\0\0\0RAAS1 def 2 3  i 1 /\0\0\0") == [Report("def", 2, 3, "", "1", "/", "", "")]
+def test_report_scanner_holds_back_only_a_possible_header() -> None:
+    scanner = ReportScanner()
+    scanner.expect("42", 1)
+    assert scanner.feed(b"ERROR\nRAAS1 4") == (b"ERROR\n", None)
+    assert scanner.release() == b"RAAS1 4"
+    assert scanner.feed(b"RAAS1 42 1 0 " + b"x" * 20_000) == (b"RAAS1 42 1 0 " + b"x" * 20_000, None)
+    # An upper-cased report (a terminal in olcuc mode) still counts.
+    assert parse_report(b"RAAS1 42 1 0 XY AHIMBH 1C /TMP\0\0\0") == Report(
+        "42", 1, 0, "xya", "1c", "/TMP", "", ""
+    )
+    assert parse_report(b"RAAS1 42 1 0  him 1 /x\0\0") is None
 
 
 def test_validate_args() -> None:

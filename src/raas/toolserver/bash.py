@@ -2,10 +2,9 @@
 
 What bash is told and how its answers are parsed lives in :mod:`.bashproto` (pure functions); terminal
 modes and input-wait detection in :mod:`.ptyctl`. This module owns the processes and descriptors, reads
-the pty and the report pipe through the event loop (never by sleeping or polling), and turns deadlines
-into results:
+the pty through the event loop (never by sleeping or polling), and turns deadlines into results:
 
-* a command finishes when its report arrives on the session's pipe (exit status, cwd);
+* a command finishes when its report comes through the terminal (exit status, cwd);
 * ``timeout`` (default: the server's ``--bash-timeout``) interrupts it: SIGINT to the foreground job,
   then SIGKILL, then a restart of the shell if it still does not answer;
 * after ``no_output_timeout`` seconds without output (or the server's ``--bash-input-wait`` when none is
@@ -19,7 +18,6 @@ import asyncio
 import errno
 import functools
 import os
-import secrets
 import shutil
 import signal
 import termios
@@ -83,10 +81,8 @@ class BashSession:
         self._exited: Optional[asyncio.Future] = None
         self._fds: List[int] = []
         self._cmd_fd = -1
-        self._report_fd = -1
-        self._report_read_fd = -1
         self._paths: Optional[bashproto.Paths] = None
-        self._parser = bashproto.ReportParser()
+        self._scanner = bashproto.ReportScanner()
         self._seq = 0
         self._nonce = ""
         self._state = bashproto.ShellState()
@@ -113,11 +109,12 @@ class BashSession:
         if bash is None:
             raise ProtocolError(TOOL_UNAVAILABLE, "bash is unavailable: the sandbox has no bash")
         loop = asyncio.get_running_loop()
-        self._parser = bashproto.ReportParser()
+        self._scanner = bashproto.ReportScanner()
         self._buffer = OutputBuffer(4096)
         self._seq = 0
         self._state = bashproto.ShellState()
-        self._nonce = secrets.token_hex(8)
+        self._nonce = bashproto.nonce_from(os.urandom(8))
+        self._scanner.expect(self._nonce, 0)
         self._done = loop.create_future()
         rc_fd = -1
         try:
@@ -125,13 +122,8 @@ class BashSession:
             self._cmd_fd = self._own(ptyctl.memory_file("raas-cmd", self._tmpdir))
             defs_fd = self._own(ptyctl.memory_file("raas-defs", self._tmpdir))
             rc_fd = ptyctl.memory_file("raas-rc", self._tmpdir)
-            read_end, self._report_fd = os.pipe2(os.O_CLOEXEC)
-            self._report_read_fd = self._own(read_end)
-            self._own(self._report_fd)
-            os.set_blocking(read_end, False)
             self._paths = bashproto.Paths(
                 bashproto.proc_fd_path(me, self._cmd_fd),
-                bashproto.proc_fd_path(me, self._report_fd),
                 bashproto.proc_fd_path(me, defs_fd),
                 self._runner,
             )
@@ -161,7 +153,6 @@ class BashSession:
         os.set_blocking(self.fd, False)
         self._setup_tty()
         loop.add_reader(self.fd, self._on_readable)
-        loop.add_reader(read_end, self._on_report, read_end)
         self.last_output = loop.time()
         try:
             done, _ = await asyncio.wait({self._done}, timeout=START_TIMEOUT_S)
@@ -222,7 +213,7 @@ class BashSession:
         for fd in self._fds:
             os.close(fd)
         self._fds = []
-        self._cmd_fd = self._report_fd = self._report_read_fd = -1
+        self._cmd_fd = -1
 
     # -- events ----------------------------------------------------------------------------------
 
@@ -238,11 +229,20 @@ class BashSession:
         if not data:
             self._on_eof()
             return
-        self._buffer.feed(data)
+        self._take(data)
         self.last_output = asyncio.get_running_loop().time()
 
+    def _take(self, data: bytes) -> None:
+        output, report = self._scanner.feed(data)
+        if output:
+            self._buffer.feed(output)
+        if report is not None:
+            done = self._done
+            if done is not None and not done.done():
+                done.set_result(report)
+
     def _drain_pty(self) -> None:
-        """Take what bash wrote before its report: a pty read flushes the kernel's pending input first."""
+        """Take what the pty holds now (a pty read first flushes what the kernel has not passed on)."""
         for _ in range(64):
             try:
                 data = os.read(self.fd, 65536)
@@ -250,23 +250,7 @@ class BashSession:
                 return
             if not data:
                 return
-            self._buffer.feed(data)
-
-    def _on_report(self, fd: int) -> None:
-        try:
-            data = os.read(fd, 65536)
-        except OSError:
-            return
-        for report in self._parser.feed(data):
-            self._accept(report)
-
-    def _accept(self, report: bashproto.Report) -> None:
-        done = self._done
-        if report.nonce != self._nonce or report.seq != self._seq or done is None or done.done():
-            return  # a duplicate (probe after a late report), or not ours
-        if self.fd >= 0:
-            self._drain_pty()
-        done.set_result(report)
+            self._take(data)
 
     def _on_eof(self) -> None:
         try:
@@ -313,7 +297,7 @@ class BashSession:
         """64 random bits per command, drawn from a pool refilled every 512 commands (one syscall)."""
         if len(self._nonces) < 8:
             self._nonces = bytearray(os.urandom(4096))
-        nonce = self._nonces[-8:].hex()
+        nonce = bashproto.nonce_from(bytes(self._nonces[-8:]))
         del self._nonces[-8:]
         return nonce
 
@@ -324,6 +308,7 @@ class BashSession:
             ptyctl.write_file(self._cmd_fd, data)
         self._seq += 1
         self._nonce = self._next_nonce()
+        self._scanner.expect(self._nonce, self._seq)
         assert self._paths is not None
         line = bashproto.command_line(
             self._seq, self._nonce, self._state, inline, self._paths, bashproto.needs_runner(command)
@@ -385,9 +370,8 @@ class BashSession:
             # (bash may discard the command line) and without escalating if the program carries on.
             mode = "soft"
         if not done.done() and data and mode is None:
-            # A report may be waiting in the pipe: then the command is over and bash must not get the text.
-            if self._report_read_fd >= 0:
-                self._on_report(self._report_read_fd)
+            # The report may be in the pty already: then the command is over and bash must not get the text.
+            self._drain_pty()
             if not done.done():
                 self._dirty = True
                 await self._write_input(data, done, limits.deadline(loop.time()))
@@ -462,7 +446,9 @@ class BashSession:
                     self._strip_probe_echo(report)
         else:
             restarted = True
-        if not waiting:
+        if waiting:
+            self._buffer.feed(self._scanner.release())
+        else:
             self._done = None
         if interrupted:
             self._dirty = True

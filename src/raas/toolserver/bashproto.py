@@ -1,17 +1,18 @@
 """The conversation between the tool server and one interactive bash, as pure functions (no event loop).
 
-A command never travels as typed text and completion never travels in the output:
+Commands are not typed and completion is not read off a prompt:
 
 * The command text sits inline in an ANSI-C quoted assignment on the one line written to the pty (or, when
   long, in a server-owned memory file) and bash runs it with ``eval``, so error messages look like an
   interactive shell's (``bash: foo: command not found``) and no ``RETURN`` trap fires.
 * That line restores the user's prompt variables and shell options (the server knows which from the
   previous report), sets ``$?`` to the previous command's status, ``eval``\\ s the command, then calls a
-  reporting function, its stdout redirected to a pipe of the server's opened through
-  ``/proc/<server pid>/fd/N``, that hides the prompt variables again and writes
-  ``RAAS1 <nonce> <seq> <status> <options> <$-> <saved> <pwd>\\0<PS1>\\0<PS0>\\0``. The user's redirections, ``PROMPT_COMMAND``,
-  ``PS1``, ``set -o vi`` or a command that prints a look-alike marker cannot end a call early or make it
-  hang; the per-command nonce is never shown to the user's code.
+  reporting function that hides the prompt variables again and writes
+  ``RAAS1 <nonce> <seq> <status> <options> <$-> <saved> <pwd>\\0<PS1>\\0<PS0>\\0`` to bash's stdin, which
+  is the terminal itself whatever the user did to stdout, stderr or ``PROMPT_COMMAND``.
+* The server takes the report out of the output by its exact header. The nonce is new for every command
+  and never shown to the user's code, so a look-alike printed by a command is just output; and in the same
+  stream as the output, the report cannot overtake it.
 * Nothing of this lives in the file system, so cleaning ``/tmp`` or ``$TMPDIR`` cannot break a session.
 * ``set -x``/``set -v`` are off between commands and come back (through a one-shot ``DEBUG`` trap) at the
   user's first command, so traces show only the user's commands.
@@ -26,16 +27,15 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import List, NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
-REPORT_MAGIC = b"RAAS1 "
 MAX_REPORT = 16384
 """A report is a few hundred bytes (the cwd is at most PATH_MAX); a longer field is garbage."""
 
 INLINE_MAX = 3000
 """Longest ANSI-C quoted command sent on the pty line itself; a pty line holds at most 4095 bytes."""
 
-# __raas_z SEQ NONCE STATUS runs with stdout on the report pipe: it hides the user's prompt variables (set
+# __raas_z SEQ NONCE STATUS runs with stdout on the terminal (bash's stdin, fd 0): it hides the user's prompt variables (set
 # again by the next command line) and, when $SHELLOPTS differs from the tool's last known one, the shell
 # options that would show internals (xtrace, verbose, history, vi/emacs), then reports. ``__raas_in`` is
 # set while the user's prompt variables are live, so a probe after a normal report only reports; a probe
@@ -58,10 +58,10 @@ __raas_off() {
   [[ $- != *x* ]] || __raas_f+=x
   [[ $- != *v* ]] || __raas_f+=v
   case :$SHELLOPTS: in *:history:*) __raas_f+=h;; esac
-  case :$SHELLOPTS: in *:vi:*) __raas_f+=V;; *:emacs:*) __raas_f+=E;; esac
+  case :$SHELLOPTS: in *:vi:*) __raas_f+=y;; *:emacs:*) __raas_f+=e;; esac
   \builtin set +xv +o history
-  [[ $__raas_f != *V* ]] || \builtin set +o vi
-  [[ $__raas_f != *E* ]] || \builtin set +o emacs
+  [[ $__raas_f != *y* ]] || \builtin set +o vi
+  [[ $__raas_f != *e* ]] || \builtin set +o emacs
   __raas_so=$SHELLOPTS
   return 0
 }
@@ -78,7 +78,7 @@ __raas_probe() {
     __raas_f=
   fi
   [[ $SHELLOPTS == "${__raas_so-}" ]] || __raas_off
-  { \builtin printf '%s\0' "RAAS1 $2 $1 $3 $__raas_f $- ${__raas_q-} ${PWD-}" "$__raas_e" "$__raas_e0"; } >|@REPORT@
+  { \builtin printf '%s\0' "RAAS1 $2 $1 $3 $__raas_f $- ${__raas_q-} ${PWD-}" "$__raas_e" "$__raas_e0"; } >&0
   return 0
 }
 __raas_pc() {
@@ -91,7 +91,7 @@ export TERM=dumb PAGER=cat GIT_PAGER=cat SYSTEMD_PAGER=cat MANPAGER=cat
 \builtin set +o history
 \builtin unset HISTFILE
 __raas_in=1 __raas_so=$SHELLOPTS
-{ __raas_z 0 @NONCE@ 0; } >|@REPORT@
+{ __raas_z 0 @NONCE@ 0; } >&0
 """
 
 
@@ -99,7 +99,6 @@ class Paths(NamedTuple):
     """Where bash finds the server's descriptors: ``/proc/<server pid>/fd/<n>`` (nothing to delete)."""
 
     command: str
-    report: str
     defs: str
     runner: str
     """A file holding ``\\builtin eval "$__raas_c"``, sourced instead of a direct ``eval`` (see below)."""
@@ -111,12 +110,12 @@ def proc_fd_path(pid: int, fd: int) -> str:
 
 def definitions(paths: Paths) -> str:
     """The shell functions a session relies on (re-read by the probe line if the user removed them)."""
-    return _DEFS.replace("@REPORT@", paths.report)
+    return _DEFS
 
 
 def rcfile(paths: Paths, nonce: str) -> str:
     """The ``--rcfile`` of a session: the functions, terminal-neutral settings, then the ready report."""
-    return definitions(paths) + _RC.replace("@NONCE@", nonce).replace("@REPORT@", paths.report)
+    return definitions(paths) + _RC.replace("@NONCE@", nonce)
 
 
 _UNSAFE = re.compile(r"[^\x20\x22-\x26\x28-\x5b\x5d-\x7e]")  # bytes shown as \xHH: controls, !, ', \
@@ -170,7 +169,9 @@ class ShellState(NamedTuple):
     status: int = 0
     """``$?`` for the next command."""
     flags: str = ""
-    """Options hidden between commands: x(trace), v(erbose), h(istory), V(i), E(macs); a(llexport)."""
+    """Options hidden between commands: x(trace), v(erbose), h(istory), y (vi), e(macs); a(llexport).
+
+    Distinct letters whatever their case: a terminal in ``olcuc`` mode prints the report in upper case."""
     saved: str = "1"
     """Prompt variables the user had set (hidden between commands): 0, 1 for PS0, PS1; c for PROMPT_COMMAND.
 
@@ -194,7 +195,7 @@ def command_line(
     from the sourced runner file instead (see :func:`needs_runner`).
     """
     head, tail = _line_template(state, inline is not None, runner, paths)
-    line = "%s%s%s%d %s $?; } >|%s\n" % (head, inline or "", tail, seq, nonce, paths.report)
+    line = "%s%s%s%d %s $?; } >&0\n" % (head, inline or "", tail, seq, nonce)
     return line.encode("ascii")
 
 
@@ -218,9 +219,9 @@ def _line_template(state: ShellState, inline: bool, runner: bool, paths: Paths) 
         parts.append("\\builtin export -n __raas_c __raas_in __raas_q __raas_p0 __raas_p1 __raas_pc;")
     if "h" in state.flags:
         parts.append('\\builtin set -o history; \\builtin history -s "$__raas_c";')
-    if "V" in state.flags:
+    if "y" in state.flags:
         parts.append("\\builtin set -o vi;")
-    elif "E" in state.flags:
+    elif "e" in state.flags:
         parts.append("\\builtin set -o emacs;")
     trace = "".join("\\builtin set -%s; " % f for f in "vx" if f in state.flags)
     if trace:
@@ -265,84 +266,88 @@ class Report(NamedTuple):
         return ShellState(self.status, self.flags, self.saved)
 
 
-_HEADER = re.compile(
-    rb"RAAS1 ([0-9a-f]{1,64}) ([0-9]{1,18}) ([0-9]{1,3}) ([xvhVE]{0,8}) ([a-zA-Z]{0,32}) ([012c]{0,4}) ", re.S
+_RECORD = re.compile(
+    rb"RAAS1 ([0-9]{1,32}) ([0-9]{1,18}) ([0-9]{1,3}) ([xvhye]{0,8}) ([a-z]{0,32}) ([012c]{0,4}) ([^\0]*)\0([^\0]*)\0([^\0]*)\0\Z",
+    re.S | re.I,
 )
 
 
-def _parse(header: bytes, prompt: bytes, prompt0: bytes) -> Optional[Report]:
-    m = _HEADER.match(header)
-    if m is None or len(header) + len(prompt) + len(prompt0) > MAX_REPORT:
+def parse_report(record: bytes) -> Optional[Report]:
+    """A report as bash printed it (``RAAS1 ...`` up to its third NUL), or None if it is not one."""
+    m = _RECORD.match(record)
+    if m is None:
         return None
-    flags = m.group(4).decode("ascii")
-    if b"a" in m.group(5):
+    flags = m.group(4).decode("ascii").lower()
+    if b"a" in m.group(5).lower():
         flags += "a"
     return Report(
         m.group(1).decode("ascii"),
         int(m.group(2)),
         int(m.group(3)),
         flags,
-        m.group(6).decode("ascii"),
-        header[m.end() :].decode("utf-8", "replace"),
-        prompt.decode("utf-8", "replace") if prompt else "",
-        prompt0.decode("utf-8", "replace") if prompt0 else "",
+        m.group(6).decode("ascii").lower(),
+        m.group(7).decode("utf-8", "replace"),
+        m.group(8).decode("utf-8", "replace"),
+        m.group(9).decode("utf-8", "replace"),
     )
 
 
-class ReportParser:
-    """Splits the report pipe's byte stream into :class:`Report` records.
+def nonce_from(random: bytes) -> str:
+    """A command's nonce: decimal digits, which no terminal output mode rewrites."""
+    return "%d" % int.from_bytes(random, "big")
 
-    Anything else written there (only a process that found the pipe in ``/proc`` could) is skipped:
-    the parser resynchronizes on the next ``RAAS1`` header, keeps at most :data:`MAX_REPORT` bytes
-    of an incomplete record, and callers match reports against the nonce they sent.
+
+class ReportScanner:
+    """Takes the report of the command in flight out of the terminal's output.
+
+    Only the exact header ``RAAS1 <nonce> <seq> `` is a report: the nonce is new for every command and never
+    shown to the user's code, so output that imitates a report (or an old one) is just output. Bytes that
+    may begin the header are held back until the next read decides; an incomplete record is held up to
+    :data:`MAX_REPORT` bytes.
     """
 
-    FIELDS = 3
-
     def __init__(self) -> None:
-        self._buf = b""
+        self._key = b""
+        self._held = b""
 
-    def feed(self, data: bytes) -> List[Report]:
-        if (
-            not self._buf
-            and data.startswith(REPORT_MAGIC)
-            and data.endswith(b"\0")
-            and data.count(b"\0") == 3
-        ):
-            # The usual case: exactly one whole report per read.
-            header, prompt, prompt0, _ = data.split(b"\0")
-            report = _parse(header, prompt, prompt0)
-            if report is not None:
-                return [report]
-        buf = self._buf + data
-        reports: List[Report] = []
-        while True:
-            start = buf.find(REPORT_MAGIC)
-            if start < 0:
-                # Keep a possible partial magic at the end, drop the rest.
-                keep = 0
-                for k in range(min(len(REPORT_MAGIC) - 1, len(buf)), 0, -1):
-                    if REPORT_MAGIC.startswith(buf[-k:]):
-                        keep = k
-                        break
-                buf = buf[len(buf) - keep :]
-                break
-            buf = buf[start:]
-            fields = buf.split(b"\0", self.FIELDS)
-            if len(fields) <= self.FIELDS:
-                if len(buf) > MAX_REPORT:
-                    buf = buf[len(REPORT_MAGIC) :]
-                    continue
-                break
-            header, prompt, prompt0, rest = fields
-            report = _parse(header, prompt, prompt0)
-            if report is None:
-                buf = buf[len(REPORT_MAGIC) :]
-                continue
-            reports.append(report)
-            buf = rest
-        self._buf = buf
-        return reports
+    def expect(self, nonce: str, seq: int) -> None:
+        """From now on, look for the report of command ``seq`` sent with ``nonce``."""
+        self._key = b"RAAS1 %s %d " % (nonce.encode("ascii"), seq)
+
+    def release(self) -> bytes:
+        """What is held back, as output: the command waits for input, so no report is on its way."""
+        held, self._held = self._held, b""
+        return held
+
+    def feed(self, data: bytes) -> Tuple[bytes, Optional[Report]]:
+        """Split ``data`` into (output, the report if it is complete in what was seen so far)."""
+        if self._held:
+            data = self._held + data
+            self._held = b""
+        key = self._key
+        if not key:
+            return data, None
+        at = data.find(key)
+        if at < 0:
+            # Hold back a tail that could be the start of the header ("R" only begins it).
+            r = data.rfind(b"R", max(0, len(data) - len(key) + 1))
+            if r >= 0 and key.startswith(data[r:]):
+                self._held = data[r:]
+                return data[:r], None
+            return data, None
+        end = at
+        for _ in range(3):
+            end = data.find(b"\0", end) + 1
+            if end == 0:
+                if len(data) - at > MAX_REPORT:
+                    return data, None  # not a report of ours after all
+                self._held = data[at:]
+                return data[:at], None
+        report = parse_report(data[at:end])
+        if report is None:
+            return data, None
+        self._key = b""
+        return data[:at] + data[end:], report
 
 
 class Limits:

@@ -90,28 +90,34 @@ def test_clean_text() -> None:
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 7, 64])
 def test_report_scanner_across_chunk_boundaries(chunk: int) -> None:
-    old = b"RAAS1 111 6 0  himBH 1 /old\0\0\0"  # an earlier command's report: output now
-    fake = b"RAAS1 999 7 0  himBH 1 /fake\0\0\0"  # a look-alike with the wrong nonce
+    older = b"RAAS1 111 5 0  himBH 1 /old\0\0\0"  # two commands ago: output now
+    fake = b"RAAS1 999 7 0  himBH 1 /fake\0\0\0"  # a look-alike with a wrong nonce
+    previous = b"RAAS1 222 6 0  himBH 1 /prev\0\0\0"  # a late duplicate of the previous command's report
     real = b"RAAS1 123 7 130 xy ahimBH 01c /tmp/a b\0(v) root$ \0zero> \0"
-    stream = b"out R RA " + old + fake + b"RAAS1 123 6 0 " + real + b"after"
+    stream = b"out R RA " + older + fake + previous + b"RAAS1 123 6 0 " + real + b"after"
     scanner = ReportScanner()
+    scanner.expect("111", 5)
+    scanner.expect("222", 6)
     scanner.expect("123", 7)
     out, reports = b"", []
     for i in range(0, len(stream), chunk):
-        piece, report = scanner.feed(stream[i : i + chunk])
+        piece, found = scanner.feed(stream[i : i + chunk])
         out += piece
-        reports += [report] if report else []
-    assert reports == [Report("123", 7, 130, "xya", "01c", "/tmp/a b", "(v) root$ ", "zero> ")]
-    assert out == b"out R RA " + old + fake + b"RAAS1 123 6 0 after"
-    assert scanner.feed(real) == (real, None)  # one report per command
+        reports += found
+    assert reports == [
+        Report("222", 6, 0, "", "1", "/prev", "", ""),
+        Report("123", 7, 130, "xya", "01c", "/tmp/a b", "(v) root$ ", "zero> "),
+    ]
+    assert out == b"out R RA " + older + fake + b"RAAS1 123 6 0 after"
 
 
 def test_report_scanner_holds_back_only_a_possible_header() -> None:
     scanner = ReportScanner()
+    assert scanner.feed(b"RAAS1 42 1 0  him 1 /\0\0\0") == (b"RAAS1 42 1 0  him 1 /\0\0\0", [])
     scanner.expect("42", 1)
-    assert scanner.feed(b"ERROR\nRAAS1 4") == (b"ERROR\n", None)
+    assert scanner.feed(b"ERROR\nRAAS1 4") == (b"ERROR\n", [])
     assert scanner.release() == b"RAAS1 4"
-    assert scanner.feed(b"RAAS1 42 1 0 " + b"x" * 20_000) == (b"RAAS1 42 1 0 " + b"x" * 20_000, None)
+    assert scanner.feed(b"RAAS1 42 1 0 " + b"x" * 20_000) == (b"RAAS1 42 1 0 " + b"x" * 20_000, [])
     # An upper-cased report (a terminal in olcuc mode) still counts.
     assert parse_report(b"RAAS1 42 1 0 XY AHIMBH 1C /TMP\0\0\0") == Report(
         "42", 1, 0, "xya", "1c", "/TMP", "", ""

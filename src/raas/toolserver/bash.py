@@ -233,12 +233,17 @@ class BashSession:
         self.last_output = asyncio.get_running_loop().time()
 
     def _take(self, data: bytes) -> None:
-        output, report = self._scanner.feed(data)
+        output, reports = self._scanner.feed(data)
         if output:
             self._buffer.feed(output)
-        if report is not None:
+        for report in reports:
             done = self._done
-            if done is not None and not done.done():
+            if (
+                report.seq == self._seq
+                and report.nonce == self._nonce
+                and done is not None
+                and not done.done()
+            ):
                 done.set_result(report)
 
     def _drain_pty(self) -> None:

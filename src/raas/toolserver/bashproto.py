@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 MAX_REPORT = 16384
 """A report is a few hundred bytes (the cwd is at most PATH_MAX); a longer field is garbage."""
@@ -298,56 +298,69 @@ def nonce_from(random: bytes) -> str:
 
 
 class ReportScanner:
-    """Takes the report of the command in flight out of the terminal's output.
+    """Takes the reports of the current and the previous command out of the terminal's output.
 
     Only the exact header ``RAAS1 <nonce> <seq> `` is a report: the nonce is new for every command and never
-    shown to the user's code, so output that imitates a report (or an old one) is just output. Bytes that
-    may begin the header are held back until the next read decides; an incomplete record is held up to
-    :data:`MAX_REPORT` bytes.
+    shown to the user's code, so output that imitates a report is just output. The previous command's
+    header is still recognized (and returned, for the caller to ignore): after an interrupt, a probe line
+    can make bash report a command twice. Bytes that may begin a header are held back until the next read
+    decides; an incomplete record is held up to :data:`MAX_REPORT` bytes.
     """
 
     def __init__(self) -> None:
-        self._key = b""
+        self._keys: Tuple[bytes, ...] = ()
         self._held = b""
 
     def expect(self, nonce: str, seq: int) -> None:
-        """From now on, look for the report of command ``seq`` sent with ``nonce``."""
-        self._key = b"RAAS1 %s %d " % (nonce.encode("ascii"), seq)
+        """From now on, look for the report of command ``seq`` sent with ``nonce`` (and the previous one)."""
+        self._keys = (b"RAAS1 %s %d " % (nonce.encode("ascii"), seq), *self._keys[:1])
 
     def release(self) -> bytes:
         """What is held back, as output: the command waits for input, so no report is on its way."""
         held, self._held = self._held, b""
         return held
 
-    def feed(self, data: bytes) -> Tuple[bytes, Optional[Report]]:
-        """Split ``data`` into (output, the report if it is complete in what was seen so far)."""
+    def feed(self, data: bytes) -> Tuple[bytes, List[Report]]:
+        """Split ``data`` into output and the reports complete in what was seen so far."""
         if self._held:
             data = self._held + data
             self._held = b""
-        key = self._key
-        if not key:
-            return data, None
-        at = data.find(key)
-        if at < 0:
-            # Hold back a tail that could be the start of the header ("R" only begins it).
-            r = data.rfind(b"R", max(0, len(data) - len(key) + 1))
-            if r >= 0 and key.startswith(data[r:]):
-                self._held = data[r:]
-                return data[:r], None
-            return data, None
-        end = at
-        for _ in range(3):
-            end = data.find(b"\0", end) + 1
+        reports: List[Report] = []
+        if not self._keys:
+            return data, reports
+        out = []
+        while data:
+            hits = [(i, k) for i, k in ((data.find(k), k) for k in self._keys) if i >= 0]
+            if not hits:
+                # Hold back a tail that could be the start of a header ("R" only begins one).
+                r = data.rfind(b"R", max(0, len(data) - max(map(len, self._keys)) + 1))
+                if r >= 0 and any(k.startswith(data[r:]) for k in self._keys):
+                    self._held = data[r:]
+                    data = data[:r]
+                out.append(data)
+                break
+            at, key = min(hits)
+            end = at
+            for _ in range(3):
+                end = data.find(b"\0", end) + 1
+                if end == 0:
+                    break
             if end == 0:
                 if len(data) - at > MAX_REPORT:
-                    return data, None  # not a report of ours after all
-                self._held = data[at:]
-                return data[:at], None
-        report = parse_report(data[at:end])
-        if report is None:
-            return data, None
-        self._key = b""
-        return data[:at] + data[end:], report
+                    out.append(data)  # not a report of ours after all
+                else:
+                    out.append(data[:at])
+                    self._held = data[at:]
+                break
+            report = parse_report(data[at:end])
+            if report is None:
+                out.append(data[: at + len(key)])
+                data = data[at + len(key) :]
+                continue
+            reports.append(report)
+            out.append(data[:at])
+            data = data[end:]
+        return b"".join(out), reports
 
 
 class Limits:

@@ -328,6 +328,13 @@ class ReportScanner:
         reports: List[Report] = []
         if not self._keys:
             return data, reports
+        if data[-1:] == b"\0":
+            # The usual last read of a command: output, then its whole report.
+            at = data.find(self._keys[0])
+            if at >= 0 and data.count(b"\0", at) == 3:
+                report = parse_report(data[at:])
+                if report is not None and all(data.find(k) < 0 for k in self._keys[1:]):
+                    return data[:at], [report]
         out = []
         while data:
             hits = [(i, k) for i, k in ((data.find(k), k) for k in self._keys) if i >= 0]

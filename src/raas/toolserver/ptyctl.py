@@ -86,13 +86,15 @@ def slave_fd(master: int) -> int:
 
 
 def flush_input(master: int) -> None:
-    """Drop input queued for the terminal's reader (keys nobody read, a Ctrl-C byte in raw mode)."""
+    """Drop input queued for the terminal's reader (keys nobody read, a Ctrl-C byte in raw mode), and
+    restart output a typed Ctrl-S (XOFF) suspended: the shell's report goes through it too."""
     try:
         fd = slave_fd(master)
     except OSError:
         return
     try:
         termios.tcflush(fd, termios.TCIFLUSH)
+        termios.tcflow(fd, termios.TCOON)
     except termios.error:
         pass
     finally:

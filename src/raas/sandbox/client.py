@@ -390,7 +390,9 @@ class ToolClient:
         # As for bash(): with only a no-output timeout there is no fixed deadline, the liveness check guards.
         only_no_output = timeout is None and no_output_timeout is not None
         return BashResult.model_validate(
-            await self.request("bash", "send", args, wait_s=self._wait_for(timeout), deadline=not only_no_output)
+            await self.request(
+                "bash", "send", args, wait_s=self._wait_for(timeout), deadline=not only_no_output
+            )
         )
 
     async def bash_close(self, session: str) -> bool:

@@ -37,8 +37,11 @@ class Endings:
             a.env.sandbox = None
 
     async def release(self, a: ActiveJob) -> None:
-        """Close the job's sandboxes, unpin its trajectory, and close whatever the manager still holds."""
+        """Close the job's sandboxes (its EVAL prewarm's too), unpin its trajectory, and close whatever the
+        manager still holds."""
         await self.close_sandboxes(a)
+        if a.prewarm is not None:
+            await a.prewarm.close()
         await self.layers.release(a.job)
 
     async def complete(self, a: ActiveJob, out: EvalOutput) -> None:
@@ -91,6 +94,7 @@ class Endings:
             run_s=a.stage_s["run"],
             eval_s=a.stage_s["eval"],
             total_s=time.monotonic() - a.t0,
+            prewarm_s=a.prewarm.seconds if a.prewarm is not None else 0.0,
         )
         await self.table.record_result(a, results.build_result(a.job, outcome, a.run_output, timing))
 

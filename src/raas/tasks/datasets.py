@@ -1,4 +1,5 @@
-"""Datasets of task instances: the built-in math word problems and user files in the DeepScaleR shape.
+"""Datasets of task instances: the built-in math word problems and user files in the DeepScaleR shape
+(or any handler's records; SWE-bench / SWE-Gym and R2E-Gym rows without a ``data_source`` are recognised).
 
 The built-in set is generated here from templates with answers computed by code, so ``raas run builtin:math``
 works on a machine with no network and every ground truth is exact. User datasets are JSONL or parquet files
@@ -284,10 +285,26 @@ def builtin_addition(n: int | None = None, *, candidates: bool = False) -> list[
     return [addition_instance(a, b) for a, b in pairs[:n]]
 
 
+SWE_FIELDS = ("problem_statement", "base_commit", "FAIL_TO_PASS")
+R2E_FIELDS = ("problem_statement", "docker_image", "expected_output_json")
+
+
+def infer_data_source(row: dict[str, Any]) -> str | None:
+    """The handler of a row in a public shape that names none: SWE-bench / SWE-Gym records (``swebench``),
+    R2E-Gym records (``r2e``); None for anything else."""
+    if all(k in row for k in SWE_FIELDS):
+        return "swebench"
+    if all(k in row for k in R2E_FIELDS):
+        return "r2e"
+    return None
+
+
 def _normalise_row(row: dict[str, Any], index: int, origin: str, data_source: str) -> dict[str, Any]:
     if not isinstance(row, dict):
         raise RaasError(f"{origin}: row {index} is not an object", kind="bad_request")
     inst = dict(row)
+    if "data_source" not in inst and (inferred := infer_data_source(inst)) is not None:
+        inst["data_source"] = inferred
     if "problem" not in inst or "answer" not in inst:
         if "data_source" not in inst:
             raise RaasError(

@@ -24,8 +24,16 @@ def builtin_handlers() -> dict[str, type[TaskHandler]]:
     """The handlers raas itself ships."""
     from raas.tasks.final_number import FinalNumberHandler
     from raas.tasks.math import MathHandler
+    from raas.tasks.swe.handler import ALIASES, SweHandler, warm_up
 
-    return {MathHandler.name: MathHandler, FinalNumberHandler.name: FinalNumberHandler}
+    warm_up()
+
+    handlers: dict[str, type[TaskHandler]] = {
+        MathHandler.name: MathHandler,
+        FinalNumberHandler.name: FinalNumberHandler,
+    }
+    handlers.update(dict.fromkeys((SweHandler.name, *ALIASES), SweHandler))
+    return handlers
 
 
 def load_handler_class(target: str) -> type[TaskHandler]:

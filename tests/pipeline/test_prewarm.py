@@ -30,7 +30,9 @@ class PrewarmScriptHandler(StageScriptHandler):
         if "raise" in script_:
             raise RuntimeError(str(script_["raise"]))
         sandbox = await sandboxes.open()
-        await sandbox.tools.write_file("/tmp/prewarmed", job.job_id.encode())
+        workspace = (await sandbox.tools.bash("pwd")).output.strip()  # private to this sandbox
+        await sandbox.tools.write_file(f"{workspace}/prewarmed", job.job_id.encode())
+        self.seen.setdefault(job.job_id, {})["marker"] = f"{workspace}/prewarmed"
         self.seen.setdefault(job.job_id, {})["prewarm_sandbox"] = sandbox.id
         return sandbox
 
@@ -40,7 +42,7 @@ class PrewarmScriptHandler(StageScriptHandler):
         if env.prewarmed is None:
             seen["fresh"] = True
             return EvalOutput(reward=0.0, resolved=False)
-        marker = await env.prewarmed.tools.read_file("/tmp/prewarmed")
+        marker = await env.prewarmed.tools.read_file(seen["marker"])
         ok = marker == job.job_id.encode()
         return EvalOutput(reward=1.0 if ok else 0.0, resolved=ok)
 

@@ -4,7 +4,8 @@ An image's repository may not be exactly at the base commit with a clean tree (e
 leave files behind). Tracked changes are reset to the base commit; untracked files the image ships are
 kept (the environment may need them) but written to ``.git/info/exclude``, so they never show up as the
 policy's additions in the patch (the EVAL sandbox has them too). Hidden paths (R2E-Gym's tests and test
-script) are removed from the RUN sandbox before the policy starts, and checked to be gone.
+script) are removed from the RUN sandbox before the policy starts (a hidden dir outside the workdir is a
+writable copy of the image's, emptied), and checked to be gone.
 """
 
 from __future__ import annotations
@@ -92,16 +93,21 @@ async def prepare_repo(
         state.excluded = untracked
     for path in hidden:
         q = shlex.quote(path)
-        code, out = await _sh(
-            sb, f"if [ -e {q} ] || [ -L {q} ]; then rm -rf -- {q} && echo removed; fi", stage
+        # A hidden dir outside the workdir is a writable copy bound over the image's: a mount point, which
+        # cannot be removed, only emptied.
+        remove = (
+            f"if [ -e {q} ] || [ -L {q} ]; then rm -rf -- {q} 2>/dev/null; "
+            f"if [ -d {q} ] && [ ! -L {q} ]; then find {q} -mindepth 1 -delete; fi; echo removed; fi"
         )
+        code, out = await _sh(sb, remove, stage)
         if "removed" in out:
             state.hidden.append(path)
-        code, out = await _sh(sb, f"[ -e {q} ] || [ -L {q} ] && echo STILL", stage)
+        check = f'if [ -L {q} ] || [ -f {q} ] || [ -n "$(ls -A {q} 2>/dev/null)" ]; then echo STILL; fi'
+        code, out = await _sh(sb, check, stage)
         if "STILL" in out:
             raise RaasError(
-                f"cannot hide {path} from the policy (it is in the read-only image, outside the workdir and the "
-                "writable dirs)",
+                f"cannot hide {path} from the policy (it is in the read-only image, outside the workdir and "
+                "the writable dirs)",
                 kind="sandbox_start_failed",
                 stage=stage,
             )

@@ -29,7 +29,7 @@ from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
 
 from .config import SweConfig, load_config
 from .evaluation import Verdict, evaluate_task
-from .images import ImageGates, gates_for_loop, image_reference
+from .images import SWE_SOURCES, ImageGates, gates_for_loop, image_reference
 from .instance import SweTask, parse_task
 from .patch import extract_patch
 from .workspace import prepare_repo
@@ -57,7 +57,7 @@ def warm_up() -> None:
 
 
 CONTAINER_BACKENDS = ("bwrap", "apptainer", "singularity", "docker", "podman")
-ALIASES = ("swe-bench", "swebench-verified", "swe-bench-verified", "swe-gym", "swegym", "r2e", "r2e-gym")
+ALIASES = tuple(sorted(SWE_SOURCES - {"swebench"}))
 
 
 class SweHandler(TaskHandler):

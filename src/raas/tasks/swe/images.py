@@ -18,17 +18,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from raas.errors import RaasError
-from raas.sandbox.images import SOURCE_PREFIXES, ensure_sandbox_dir
+from raas.sandbox.images import (
+    SOURCE_PREFIXES,
+    ensure_sandbox_dir,
+    image_cache_dir,
+    is_convertible_source,
+    source_key,
+)
 
 from .instance import SweTask
 from .specs import swebench_image_name
 
 DEFAULT_IMAGE_TEMPLATE = "docker://docker.io/swebench/{name}"
+SWE_SOURCES = frozenset(
+    (
+        "swebench",
+        "swe-bench",
+        "swebench-verified",
+        "swe-bench-verified",
+        "swe-gym",
+        "swegym",
+        "r2e",
+        "r2e-gym",
+    )
+)
+"""The data sources the SWE handler serves (its name and aliases)."""
 
 
 def image_reference(task: SweTask, template: str = DEFAULT_IMAGE_TEMPLATE) -> str:
@@ -110,3 +132,63 @@ def gates_for_loop(starts_per_image: int, starts_per_node: int) -> ImageGates:
     if gates is None:
         gates = _GATES[loop] = ImageGates(starts_per_image, starts_per_node)
     return gates
+
+
+def dataset_references(rows: list[dict[str, Any]], template: str = DEFAULT_IMAGE_TEMPLATE) -> list[str]:
+    """The distinct image references of a dataset's rows, in first-seen order: SWE records through
+    :func:`image_reference`, other rows by their ``image`` field (rows with neither are skipped)."""
+    from raas.tasks.datasets import infer_data_source
+
+    from .instance import parse_task
+
+    refs: dict[str, None] = {}
+    for row in rows:
+        source = str(row.get("data_source") or infer_data_source(row) or "")
+        if source in SWE_SOURCES:
+            refs[image_reference(parse_task(row), template)] = None
+        elif isinstance(row.get("image"), str) and row["image"]:
+            refs[row["image"]] = None
+    return list(refs)
+
+
+@dataclass
+class PullResult:
+    reference: str
+    path: str | None = None
+    seconds: float = 0.0
+    cached: bool = False
+    error: str | None = None
+
+
+async def pull_images(
+    refs: list[str], *, jobs: int = 2, on_done: Callable[[PullResult], None] | None = None
+) -> list[PullResult]:
+    """Convert every reference into the image cache (``jobs`` at a time; each image once, the file lock of
+    :func:`raas.sandbox.images.ensure_sandbox_dir` also guards against other processes)."""
+    gate = asyncio.Semaphore(jobs)
+
+    async def one(ref: str) -> PullResult:
+        async with gate:
+            started = time.monotonic()
+            res = PullResult(ref)
+            try:
+                res.cached = await asyncio.to_thread(_is_ready, ref)
+                res.path = str(await asyncio.to_thread(ensure_sandbox_dir, ref))
+            except RaasError as e:
+                res.error = f"{e.kind}: {e.message}"
+            res.seconds = time.monotonic() - started
+        if on_done is not None:
+            on_done(res)
+        return res
+
+    return list(await asyncio.gather(*(one(r) for r in refs)))
+
+
+def _is_ready(ref: str) -> bool:
+    """True when ``ref`` needs no conversion (a directory, or already in the cache)."""
+    if not is_convertible_source(ref):
+        return True
+    try:
+        return (image_cache_dir() / f"unpacked-{source_key(ref)}" / ".raas").is_dir()
+    except RaasError:
+        return False

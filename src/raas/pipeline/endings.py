@@ -9,6 +9,7 @@ interrupts is left queued in the ledger instead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -81,6 +82,9 @@ class Endings:
         if a.result is not None:
             return
         a.finishing = True
+        if a.prewarm is not None:  # its task honours cancellation even when the stage did not
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(a.prewarm.close(), self.hook_timeout_s)
         if a.request.retry_on_restart:
             self.table.leave_for_restart(a)
             return

@@ -91,13 +91,18 @@ class ErrorInfo(BaseModel):
 
 
 class Timing(BaseModel):
-    """Seconds spent waiting in queues and inside each stage; ``total_s`` is wall time from accept to end."""
+    """Seconds spent waiting in queues and inside each stage; ``total_s`` is wall time from accept to end.
+
+    ``prewarm_s`` is the time the handler's EVAL prewarm took (e.g. starting the fresh EVAL sandbox), which
+    runs alongside RUN: it overlaps ``run_s`` and is not part of ``total_s - queue_s - init_s - run_s -
+    eval_s``; 0 for handlers without one. Only what EVAL still had to wait for it counts in ``eval_s``."""
 
     queue_s: float = 0.0
     init_s: float = 0.0
     run_s: float = 0.0
     eval_s: float = 0.0
     total_s: float = 0.0
+    prewarm_s: float = 0.0
 
 
 class JobResult(BaseModel):

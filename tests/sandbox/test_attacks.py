@@ -194,6 +194,24 @@ async def test_pty_exhaustion_stays_inside(
 
 
 @ISOLATED
+async def test_session_flood_stays_under_the_cap(
+    sandbox_manager: SandboxManager, sandbox_config: SandboxConfig
+) -> None:
+    """10,000 concurrent bash calls with distinct session names: sessions still starting count too."""
+    cfg = sandbox_config.model_copy(update={"max_sessions": 8})
+    async with sandbox_manager.sandbox(cfg, owner="attacker") as sb:
+        calls = [sb.tools.bash("echo x", session=f"flood-{i}", timeout=120) for i in range(10_000)]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        ok = [r for r in results if not isinstance(r, BaseException)]
+        refused = [r for r in results if isinstance(r, RaasError)]
+        assert len(ok) <= 8 and len(ok) + len(refused) == len(results)
+        assert all(r.kind == "tool_error" and "too many bash sessions" in r.message for r in refused)
+        assert len(await sb.tools.bash_list()) <= 8
+        shells = await sh(sb, "grep -lx bash /proc/[0-9]*/comm | wc -l", session=ok[0].session)  # type: ignore[union-attr]
+        assert int(shells) <= 8 + 1  # the sessions' shells, plus a subshell of this pipeline
+
+
+@ISOLATED
 async def test_disk_cap_covers_every_writable_dir(
     sandbox_manager: SandboxManager, sandbox_config: SandboxConfig
 ) -> None:

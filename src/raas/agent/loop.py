@@ -185,7 +185,7 @@ async def run_agent(
             st.check(conv.prompt_ids, exact=True)
             prompt_len = st.seq_len()
             try:
-                res = await llm.balancer.generate(st.seq(), sampling, trajectory_id=job.trajectory_id)
+                res = await llm.balancer.generate(st.seq(), sampling, trajectory_id=job.job_id)
             except RaasError as e:
                 if e.kind == "context_window_exceeded" and st.turns:
                     finish_reason = "context_budget"
@@ -305,7 +305,7 @@ async def run_agent(
     finally:
         release = getattr(llm.balancer, "release", None)
         if release is not None:
-            release(job.trajectory_id)
+            release(job.job_id)
 
     st.check(conv.prompt_ids, exact=False)
     st.metrics["turns"] = float(len(st.turns))

@@ -29,7 +29,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "function",
         "function": {
             "name": "bash",
-            "description": "Run a bash command in a persistent shell in the sandbox and return its output.",
+            "description": "Run a bash command in a persistent shell in the sandbox and return its output. "
+            "A command that waits for keyboard input returns early and keeps running: call bash again "
+            "with is_input=true to type into it.",
             "parameters": {
                 "type": "object",
                 "properties": {
@@ -37,6 +39,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                     "timeout": {
                         "type": "number",
                         "description": "Seconds before the command is interrupted.",
+                    },
+                    "is_input": {
+                        "type": "boolean",
+                        "description": "Send `command` as input to the program still running in the shell "
+                        '(include "\\n" for Enter; "C-c", "C-d" or "C-z" send those keys) instead of '
+                        "running it as a new command.",
                     },
                 },
                 "required": ["command"],
@@ -171,6 +179,11 @@ def _format_bash(r: BashResult) -> str:
         notes.append("the command timed out and was interrupted")
     if r.restarted:
         notes.append("the shell was restarted")
+    if r.waiting_for_input:
+        notes.append(
+            "the command is still running and waits for input: call bash with is_input=true to type "
+            'into it (e.g. "y\\n"), or "C-c" to interrupt it'
+        )
     tail = f"\n[exit code {r.exit_code}]" if r.exit_code is not None else ""
     if notes:
         tail += "\n[" + "; ".join(notes) + "]"
@@ -250,7 +263,11 @@ class ToolSet:
             if name == "bash":
                 timeout = arguments.get("timeout")
                 t = min(float(timeout), timeout_s) if timeout else timeout_s
-                text = _format_bash(await sandbox.tools.bash(str(arguments["command"]), timeout=t))
+                if arguments.get("is_input"):
+                    result = await sandbox.tools.bash_send(str(arguments["command"]), timeout=t)
+                else:
+                    result = await sandbox.tools.bash(str(arguments["command"]), timeout=t)
+                text = _format_bash(result)
             elif name == "ipython":
                 text = _format_ipython(await sandbox.tools.ipython(str(arguments["code"]), timeout=timeout_s))
             elif name == "str_replace_editor":

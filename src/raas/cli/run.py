@@ -300,7 +300,9 @@ def _run_main(coro: Any) -> Any:
 
 
 def run(
-    dataset: Annotated[str, typer.Argument(help="builtin:math, builtin:math:N, or a .jsonl/.parquet file")],
+    dataset: Annotated[
+        str, typer.Argument(help="builtin:NAME[:N] (math, humaneval, stem), or a .jsonl/.parquet file")
+    ],
     n_samples: Annotated[int, typer.Option("--n-samples", "-n", min=1, help="Rollouts per instance")] = 1,
     server: Annotated[str | None, typer.Option(help="Use a running raas service at this URL")] = None,
     llm: Annotated[

@@ -10,22 +10,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from raas.agent.config import AgentConfig
+from raas.agent.config import AGENT_ALIASES, AgentConfig, agent_overrides
 from raas.core.policy import StagePolicy, StageTimeouts
 from raas.errors import RaasError
 
-AGENT_ALIASES: dict[str, str] = {"max_iterations": "max_turns"}
-"""Other clients' names for :class:`AgentConfig` fields in ``sampling_params`` (ProRL's turn limit is
-``max_iterations``). The field's own name wins when a job sends both."""
-
-
-def agent_overrides(sampling_params: dict[str, Any]) -> dict[str, Any]:
-    """The :class:`AgentConfig` settings a job's ``sampling_params`` carry, aliases resolved."""
-    overrides = {k: v for k, v in sampling_params.items() if k in AgentConfig.model_fields}
-    for alias, name in AGENT_ALIASES.items():
-        if alias in sampling_params and name not in overrides:
-            overrides[name] = sampling_params[alias]
-    return overrides
+__all__ = ["AGENT_ALIASES", "ServiceConfig", "agent_overrides"]
 
 
 def agent_config_for(base: AgentConfig, sampling_params: dict[str, Any]) -> AgentConfig:

@@ -161,7 +161,7 @@ class Layers:
     async def release(self, job: Job) -> None:
         """After a job: unpin its trajectory, then close anything the manager still holds for it."""
         if self.balancer is not None:
-            self.balancer.release(job.trajectory_id)
+            self.balancer.release(job.job_id)
         if self.sandbox_manager is None:
             return
         try:

@@ -362,6 +362,39 @@ class ToolClient:
             )
         )
 
+    async def bash_send(
+        self,
+        text: str = "",
+        *,
+        session: str = "default",
+        interrupt: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - enforced by the server inside the sandbox
+        no_output_timeout: float | None = None,
+        output_cap: int | None = None,
+    ) -> BashResult:
+        """Type ``text`` into the command still running in ``session`` and read on (``bash.send``).
+
+        For a command that returned ``waiting_for_input``: ``"y\n"`` answers a prompt, ``""`` just waits
+        for more output, ``"C-c"``/``"C-d"``/``"C-z"`` send those keys; ``interrupt=True`` stops the
+        command as a timeout would (SIGINT, then SIGKILL). The result has the output since the last call.
+        """
+        args: dict[str, Any] = {"session": session, "input": text}
+        if interrupt:
+            args["interrupt"] = True
+        if timeout is not None:
+            args["timeout"] = timeout
+        if no_output_timeout is not None:
+            args["no_output_timeout"] = no_output_timeout
+        if output_cap is not None:
+            args["output_cap"] = output_cap
+        # As for bash(): with only a no-output timeout there is no fixed deadline, the liveness check guards.
+        only_no_output = timeout is None and no_output_timeout is not None
+        return BashResult.model_validate(
+            await self.request(
+                "bash", "send", args, wait_s=self._wait_for(timeout), deadline=not only_no_output
+            )
+        )
+
     async def bash_close(self, session: str) -> bool:
         result = await self.request("bash", "close", {"session": session}, wait_s=self._wait_for(0))
         return bool(result.get("closed"))

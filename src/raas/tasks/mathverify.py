@@ -35,3 +35,35 @@ def verify_answer(answer: str, truth: str) -> tuple[bool, dict[str, Any]]:
         pred = parse(f"${answer}$", parsing_timeout=None)
     ok = bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None)
     return ok, {"parsed_answer": [str(p) for p in pred], "parsed_truth": [str(g) for g in gold]}
+
+
+def _parse_latex_first(text: str) -> list[Any]:
+    """Parse ``text`` as one LaTeX expression first: a bare ``8x + 24x^2`` is otherwise read as its last
+    number. Falls back to math-verify's own extraction (``\\boxed``, ``$...$``, plain numbers)."""
+    if "$" not in text and "\\boxed" not in text:
+        parsed = parse(f"${text}$", parsing_timeout=None)
+        if parsed:
+            return list(parsed)
+    return list(parse(text, parsing_timeout=None))
+
+
+def verify_expression(answer: str, truth: str) -> tuple[bool, dict[str, Any]]:
+    """Whether two short answers are the same expression (STEM answers: bare LaTeX without ``$``)."""
+    gold, pred = _parse_latex_first(truth), _parse_latex_first(answer)
+    ok = bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None)
+    return ok, {"parsed_answer": [str(p) for p in pred], "parsed_truth": [str(g) for g in gold]}
+
+
+def numeric_value(answer: str) -> float | None:
+    """The value of an answer that is a closed-form number (``\\sqrt{2}``, ``2\\pi``, ``e^{-1}``), else None."""
+    import sympy
+
+    for expr in _parse_latex_first(answer):
+        if isinstance(expr, sympy.Basic) and expr.is_number:
+            try:
+                value = complex(sympy.N(expr))
+            except (TypeError, ValueError):
+                continue
+            if value.imag == 0 and abs(value.real) != float("inf"):
+                return value.real
+    return None

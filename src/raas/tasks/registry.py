@@ -20,12 +20,31 @@ from raas.tasks.base import TaskHandler
 ENTRY_POINT_GROUP = "raas.tasks"
 
 
+CODE_ALIASES = ("humaneval", "codecontests", "deepcoder")
+"""Other ``data_source`` names the code handler answers to (datasets name themselves)."""
+
+
 def builtin_handlers() -> dict[str, type[TaskHandler]]:
-    """The handlers raas itself ships."""
+    """The handlers raas itself ships, by every ``data_source`` they answer to."""
+    from raas.tasks.code import CodeHandler
+    from raas.tasks.final_number import FinalNumberHandler
     from raas.tasks.harness import HarnessHandler
     from raas.tasks.math import MathHandler
+    from raas.tasks.stem import StemHandler
+    from raas.tasks.swe.handler import ALIASES, SweHandler, warm_up
 
-    return {MathHandler.name: MathHandler, HarnessHandler.name: HarnessHandler}
+    warm_up()
+
+    handlers: dict[str, type[TaskHandler]] = {
+        MathHandler.name: MathHandler,
+        FinalNumberHandler.name: FinalNumberHandler,
+        CodeHandler.name: CodeHandler,
+        StemHandler.name: StemHandler,
+        HarnessHandler.name: HarnessHandler,
+    }
+    handlers.update({alias: CodeHandler for alias in CODE_ALIASES})
+    handlers.update(dict.fromkeys((SweHandler.name, *ALIASES), SweHandler))
+    return handlers
 
 
 def load_handler_class(target: str) -> type[TaskHandler]:

@@ -16,8 +16,9 @@ nothing else. Before any user code exists, it uses them once, inside a new mount
   directory that holds the socket, ``/dev``, whatever the runtime mounted;
 * resource limits (``--rlimit NAME=VALUE``);
 * then **every capability is dropped** (bounding set, ambient, effective, permitted, inheritable; securebits
-  so uid 0 never regains any; no_new_privs) and verified, and the process is made non-dumpable, so code in
-  the sandbox can neither undo the read-only mounts nor trace or inspect the tool server.
+  so uid 0 never regains any; no_new_privs) and verified, so code in the sandbox cannot undo the read-only
+  mounts; the runtime's variables (host paths) are removed from the environment, also from the block
+  ``/proc/1/environ`` shows.
 
 Only then does the tool server start, in this same process (pid 1 of the sandbox, which code inside the
 sandbox cannot kill or stop), on the socket created above. Any failure exits with status 3 and a message on
@@ -60,7 +61,6 @@ _ST_TO_MS = (
     (getattr(os, "ST_NODIRATIME", 2048), MS_NODIRATIME),
     (getattr(os, "ST_RELATIME", 4096), MS_RELATIME),
 )
-PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_SET_SECUREBITS = 28
 PR_SET_NO_NEW_PRIVS = 38
@@ -319,15 +319,44 @@ def drop_all_capabilities() -> None:
         raise SetupError("capabilities left after dropping them: %s" % left)
 
 
-def not_dumpable() -> None:
-    """Code in the sandbox runs as the same uid: it must not ptrace the server or read its /proc files."""
-    libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+def _runtime_variable(entry: bytes) -> bool:
+    key = entry.split(b"=", 1)[0].decode("utf-8", "replace")
+    return key.startswith(RUNTIME_ENV_PREFIXES) or key in RUNTIME_ENV_NAMES
+
+
+def scrub_initial_environment() -> None:
+    """Blank the runtime's variables in the environment block this process was started with.
+
+    Code in the sandbox runs as the same uid and can read ``/proc/1/environ``, which shows that block
+    as it was at exec, not ``os.environ``; apptainer puts host paths there (``APPTAINER_CONTAINER``).
+    The block lives in our own memory: overwrite those entries (with NULs) through /proc/self/mem."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end (fields 50 and 51)
+        fd = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
+    except (OSError, ValueError, IndexError):
+        return
+    try:
+        block = os.pread(fd, end - start, start)
+        if not any(_runtime_variable(e) for e in block.split(b"\0") if e):
+            return
+        out = bytearray()
+        for entry in block.split(b"\0"):
+            out += (b"\0" * len(entry) if _runtime_variable(entry) else entry) + b"\0"
+        os.pwrite(fd, bytes(out[: len(block)]), start)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def clean_environment() -> None:
+    """The runtime's variables name host paths: gone from our environment, our children's and /proc."""
     for key in list(os.environ):
         if key.startswith(RUNTIME_ENV_PREFIXES) or key in RUNTIME_ENV_NAMES:
             del os.environ[key]
+    scrub_initial_environment()
 
 
 # -- entry point -----------------------------------------------------------------------------------
@@ -416,7 +445,6 @@ def setup(opts: BootOptions) -> Optional[int]:
     clean_environment()
     if opts.drop_caps:
         drop_all_capabilities()
-    not_dumpable()
     return fd
 
 

@@ -232,6 +232,8 @@ def gateway() -> str:
             rows,
         )
     )
+
+
 def dapo() -> str:
     data = _load("dapo.json")
     if not data:

@@ -31,6 +31,10 @@ $(STAMP): pyproject.toml
 image: $(STAMP)
 	$(BIN)/raas image build --debian bookworm --packages python3,python3-ipykernel,python3-jupyter-client \
 	  || echo "make: could not build the sandbox image (needs root + debootstrap); raas run will use 'local'"
+	# The harness task's agents (mini-swe-agent, the OpenAI and Anthropic SDKs) in a venv at /opt/raas/venv.
+	$(BIN)/raas image build --debian bookworm --packages git,python3,python3-venv \
+	  --pip anthropic==2.10.0,mini-swe-agent==2.4.6,openai==3.51.0 \
+	  || echo "make: could not build the harness image (needs root + debootstrap); its tests will skip"
 
 install: sysdeps $(STAMP) image
 

@@ -168,6 +168,72 @@ def verify_overhead() -> str:
     )
 
 
+def gateway() -> str:
+    data = _load("gateway.json")
+    if not data:
+        return ""
+    rows = []
+    for key, label in (("rollouts_1", "1"), ("rollouts_64", "64")):
+        r = data.get(key)
+        if not r:
+            continue
+        cpu = r.get("service_cpu_ms_per_request", {})
+        rows.append(
+            [
+                label,
+                r["direct"]["p50_ms"],
+                r["direct"]["p99_ms"],
+                r["gateway"]["p50_ms"],
+                r["gateway"]["p99_ms"],
+                r["added_p50_ms"],
+                r["added_p99_ms"],
+                f"{cpu.get('direct', '?')} → {cpu.get('gateway', '?')}",
+                r.get("client_cpu_ms_per_request", ""),
+            ]
+        )
+    for key, r in data.items():
+        if key.startswith("rollouts_1_in_"):
+            sandbox = key.removeprefix("rollouts_1_in_").removesuffix("_sandbox")
+            rows.append(
+                [
+                    f"1, agent in {sandbox}",
+                    data["rollouts_1"]["direct"]["p50_ms"],
+                    data["rollouts_1"]["direct"]["p99_ms"],
+                    r["gateway"]["p50_ms"],
+                    r["gateway"]["p99_ms"],
+                    r["added_p50_ms"],
+                    r["added_p99_ms"],
+                    "",
+                    "",
+                ]
+            )
+    return (
+        "### Agent gateway (`python bench/gateway.py --sandbox bwrap`)\n\n"
+        "Per model call: an OpenAI Chat Completions request through the gateway (the agent re-sends its growing\n"
+        "history each turn; every request after the first continues append-only) vs the direct token call\n"
+        f"raas's own loop makes; scripted policy, {data.get('tokens_per_reply')} tokens per reply, three processes\n"
+        f"on {data.get('cpus')} cores. Load average at the start: {data.get('load_before', '?')}. The last two\n"
+        "columns: the service process's CPU per request (balancer alone → balancer + gateway), which contention\n"
+        "does not change, and the agents' own CPU per request (httpx and JSON of the re-sent history: what any\n"
+        "OpenAI-compatible server costs an agent). Wall-clock numbers include queueing for the 2 cores that the\n"
+        "service, the agents' process and the policy process share (and whatever else ran on the machine).\n\n"
+        + _table(
+            [
+                "rollouts at once",
+                "direct p50 ms",
+                "direct p99 ms",
+                "gateway p50 ms",
+                "gateway p99 ms",
+                "added p50 ms",
+                "added p99 ms",
+                "service CPU ms/request",
+                "agent CPU ms/request",
+            ],
+            rows,
+        )
+    )
+
+
 def dapo() -> str:
     data = _load("dapo.json")
     if not data:
@@ -262,6 +328,7 @@ def main() -> None:
         client_overhead(),
         pipeline(),
         verify_overhead(),
+        gateway(),
         dapo(),
         swe(),
     ]

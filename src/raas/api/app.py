@@ -13,6 +13,8 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
 
 from raas.api import errors, native, prorl
 from raas.api.limits import HttpLimits, fit_to_fd_limit, guarded_protocol
@@ -49,6 +51,7 @@ def create_app(service: RolloutService, *, manage_service: bool = True) -> FastA
     errors.install(app)
     app.include_router(native.router)
     app.include_router(prorl.router)
+    app.mount("/gateway", _GatewayRoutes(service), name="gateway")
     cfg = service.config
     app.add_middleware(
         GuardMiddleware,
@@ -58,6 +61,22 @@ def create_app(service: RolloutService, *, manage_service: bool = True) -> FastA
         token=cfg.token,
     )
     return app
+
+
+class _GatewayRoutes:
+    """The agent gateway's routes under ``/gateway`` (OpenAI ``/gateway/v1/...``, Anthropic
+    ``/gateway/v1/messages``), attributed by each rollout's key; the gateway exists once the service runs."""
+
+    def __init__(self, service: RolloutService) -> None:
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gateway = self.service.gateway
+        if gateway is None:
+            body = errors.error_body("unavailable", "the service has not started")
+            await JSONResponse(body, status_code=503)(scope, receive, send)
+            return
+        await gateway.app(scope, receive, send)
 
 
 class _Server(uvicorn.Server):

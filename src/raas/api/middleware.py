@@ -12,6 +12,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from raas.api.errors import error_body
 
 OPEN_PATHS = frozenset({"/healthz"})
+GATEWAY_PREFIX = "/gateway/"
+"""The agent gateway's routes: each request carries its rollout's own key instead of the API token."""
 
 
 async def _send_json(
@@ -39,7 +41,8 @@ class GuardMiddleware:
     """Rejects bodies over the cap with 413 (before parsing; ``max_batch_bytes`` for batches,
     ``max_bytes`` for every other route), bodies that do not arrive within ``body_timeout_s`` with 408
     and, when a token is configured, requests without ``Authorization: Bearer <token>`` with 401 — on
-    every path but ``/healthz``. The size of an accepted body is left in ``request.state.body_bytes``."""
+    every path but ``/healthz`` and the agent gateway's (``/gateway/...``, which check their rollout's own
+    key). The size of an accepted body is left in ``request.state.body_bytes``."""
 
     def __init__(
         self,
@@ -61,7 +64,8 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         expected = self.token()
-        if expected and scope.get("path") not in OPEN_PATHS:
+        path = str(scope.get("path", ""))
+        if expected and path not in OPEN_PATHS and not path.startswith(GATEWAY_PREFIX):
             given = b""
             for name, value in scope.get("headers", []):
                 if name == b"authorization":

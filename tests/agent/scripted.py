@@ -11,9 +11,10 @@ from typing import Any
 from tests.doubles.scripted_llm import Completion, ScriptedLLM, replay
 
 from raas.agent.config import AgentConfig
+from raas.agent.context import LLMContext
+from raas.core.jobs import Job
 from raas.llm.balancer import LLMBalancer
 from raas.llm.tokenizer import ChatTokenizer
-from raas.tasks.base import Job, LLMContext
 
 EOS = 2  # <|im_end|> in SmolLM2's vocabulary
 

@@ -8,15 +8,15 @@ from tests.agent.scripted import make_job, scripted_policy, tool_call
 from tests.doubles.scripted_llm import ScriptedLLM
 
 from raas.agent.config import AgentConfig
+from raas.agent.context import LLMContext
 from raas.agent.loop import run_agent
 from raas.agent.tools import ToolSet
-from raas.agent.trajectory import RunOutput
+from raas.core import metrics
+from raas.core.trajectory import RunOutput
 from raas.errors import RaasError
 from raas.llm.balancer import LLMBalancer
 from raas.llm.tokenizer import ChatTokenizer
-from raas.pipeline import metrics
 from raas.sandbox import Sandbox
-from raas.tasks.base import LLMContext
 
 pytestmark = pytest.mark.integration
 

@@ -26,6 +26,8 @@ def test_schemas_are_openai_function_tools() -> None:
         ("bash", {"command": 3}, "must be of type string"),
         ("bash", {"command": "ls", "timeout": True}, "must be of type number"),
         ("bash", {"command": "ls", "cwd": "/"}, "unknown argument(s) cwd"),
+        ("bash", {"command": "y\n", "is_input": True}, None),
+        ("bash", {"command": "y", "is_input": "yes"}, "must be of type boolean"),
         ("str_replace_editor", {"command": "view", "path": "/x", "view_range": [1, 5]}, None),
         ("str_replace_editor", {"command": "delete", "path": "/x"}, "must be one of"),
         ("finish", {"answer": "42"}, None),
@@ -64,3 +66,30 @@ def test_truncate_keeps_head_and_tail() -> None:
     out = truncate("é" * 1000, 301)
     out.encode("utf-8")
     assert "truncated" in out
+
+
+def test_one_classification_of_failures() -> None:
+    """Every kind is either shown to the policy or ends the rollout, never both; unknown kinds end it."""
+    from typing import get_args
+
+    from raas.errors import INFRA_KINDS, OBSERVATION_KINDS, ErrorKind, is_infrastructure
+
+    kinds = set(get_args(ErrorKind))
+    assert OBSERVATION_KINDS | INFRA_KINDS == kinds and not OBSERVATION_KINDS & INFRA_KINDS
+    for kind in (
+        "tool_timeout",
+        "sandbox_dead",
+        "sandbox_start_failed",
+        "llm_unavailable",
+        "llm_timeout",
+        "verifier_timeout",
+        "token_mismatch",
+        "timeout",
+        "cancelled",
+        "internal",
+        "a_kind_nobody_declared",
+    ):
+        assert is_infrastructure(kind), kind
+        assert RaasError("x", kind=kind).infrastructure
+    for kind in ("tool_error", "bad_request", "not_found", "tool_unavailable", "payload_too_large"):
+        assert not is_infrastructure(kind), kind

@@ -14,9 +14,10 @@ import httpx
 import pytest
 import uvicorn
 
-from raas.api.app import create_app
+from raas.api.app import create_app, server_config
 from raas.pipeline.config import ServiceConfig
 from raas.pipeline.service import RolloutService
+from tests.doubles.handlers import script_registry
 from tests.pipeline.conftest import (
     RecordingSandboxManager,
     assert_no_leftovers,
@@ -32,19 +33,20 @@ class LiveAPI:
     service: RolloutService
     manager: RecordingSandboxManager
     client: httpx.AsyncClient
+    served: Served
 
 
 class Served:
     """One uvicorn server on 127.0.0.1:<free port> in the running loop; the app's lifespan runs the service."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, config: ServiceConfig) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(
-            app, lifespan="on", log_level="warning", access_log=False, timeout_graceful_shutdown=5
-        )
-        self.server = uvicorn.Server(config)
+        # The settings `raas serve` uses (connection limits included), minus raising this process's
+        # open-file limit.
+        self.uvicorn_config = server_config(app, config, log_level="warning", fit_fd_limit=False)
+        self.server = uvicorn.Server(self.uvicorn_config)
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self.task: asyncio.Task[None] | None = None
 
@@ -78,10 +80,12 @@ async def make_api(
         state = tmp_path / f"api{len(made)}"
         cfg = ServiceConfig(state_dir=state, **{"shutdown_grace_s": 0.0, **overrides})
         manager = RecordingSandboxManager(state / "sandboxes")
-        service = RolloutService(cfg, sandbox_manager=manager)
-        served = Served(create_app(service))
+        service = RolloutService(cfg, sandbox_manager=manager, handlers=script_registry())
+        served = Served(create_app(service), cfg)
         await served.start()
-        api = LiveAPI(served.url, service, manager, httpx.AsyncClient(base_url=served.url, timeout=60))
+        api = LiveAPI(
+            served.url, service, manager, httpx.AsyncClient(base_url=served.url, timeout=60), served
+        )
         made.append((served, api))
         return api
 

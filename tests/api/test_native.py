@@ -45,10 +45,12 @@ async def test_submit_poll_long_poll_and_result(make_api: APIFactory) -> None:
         "messages",
         "turns",
         "token_trajectory",
+        "segments",
         "artifacts",
         "timing",
     }
-    assert set(body["timing"]) == {"queue_s", "init_s", "run_s", "eval_s", "total_s"}
+    assert body["segments"] == []  # one token sequence
+    assert set(body["timing"]) == {"queue_s", "init_s", "run_s", "eval_s", "total_s", "prewarm_s"}
     assert body["timing"]["run_s"] >= 0.5
     info = (await c.get("/v1/jobs/job-a")).json()
     assert info["status"] == "completed" and info["data_source"] == "test.script"
@@ -130,7 +132,7 @@ async def test_backpressure_answers_429_with_retry_after(make_api: APIFactory) -
         ("DELETE", "/v1/jobs/unknown-job", None, 404, "unknown-job"),
         ("GET", "/v1/jobs/unknown-job/result?wait=-1", None, 422, "wait"),
         ("GET", "/v1/nothing-here", None, 404, "not found"),
-        ("POST", "/v1/llm/servers", {"address": "ftp://x"}, 400, "http"),
+        ("POST", "/v1/llm/servers", {"address": "ftp://x"}, 422, "http"),  # the schema says http(s)
     ],
 )
 async def test_bad_input_gets_a_clear_4xx(
@@ -187,7 +189,7 @@ async def test_status_and_metrics(make_api: APIFactory) -> None:
     assert 'raas_stage_active{stage="eval"} 0.0' in m
     assert 'raas_stage_duration_seconds_count{outcome="error",stage="eval"}' in m
     assert 'raas_errors_total{kind="handler_error",stage="eval"}' in m
-    assert "raas_tool_latency_seconds" in m and "raas_llm_latency_seconds" in m
+    assert "raas_tool_latency_seconds" in m and "raas_llm_attempt_seconds" in m
 
 
 async def test_llm_server_management(make_api: APIFactory) -> None:
@@ -205,7 +207,7 @@ async def test_llm_server_management(make_api: APIFactory) -> None:
         assert result["turns"][0]["output_ids"] == [42, 42] and result["turns"][0]["server"] == llm.url
         assert llm.requests[0].prompt_ids == [1, 2, 3]
         scrape = (await c.get("/metrics")).text
-        assert f'raas_llm_latency_seconds_count{{ok="true",server="{llm.url}"}} 1.0' in scrape
+        assert f'raas_llm_attempt_seconds_count{{outcome="ok",server="{llm.url}"}} 1.0' in scrape
         assert (await c.post("/v1/llm:pause")).status_code == 200
         assert (await c.get("/status")).json()["llm_paused"] is True
         assert (await c.post("/v1/llm:resume")).status_code == 200

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from raas.agent.trajectory import Message, ToolCall
 from raas.api.native import normalize_address
 from raas.api.prorl import prorl_message, prorl_result
+from raas.core.jobs import ErrorInfo, JobResult, Timing
+from raas.core.trajectory import Message, ToolCall
 from raas.errors import RaasError
-from raas.pipeline.jobs import ErrorInfo, JobResult, Timing
 
 pytestmark = pytest.mark.unit
 

@@ -21,9 +21,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, ClassVar
 
-from raas.agent.trajectory import EvalOutput, Message, RunOutput, TokenTrajectory, Turn
+from raas.core.trajectory import EvalOutput, Message, RunOutput, TokenTrajectory, Turn
 from raas.errors import RaasError
 from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
+from raas.tasks.registry import HandlerRegistry
 
 
 class StageScriptHandler(TaskHandler):
@@ -111,3 +112,10 @@ class StageScriptHandler(TaskHandler):
 
     async def on_error(self, stage: str, job: Job, env: Env | None, exc: BaseException) -> None:
         self.hook_calls.append((job.job_id, stage, type(exc).__name__))
+
+
+def script_registry() -> HandlerRegistry:
+    """A service's handler registry with the built-ins and :class:`StageScriptHandler`."""
+    handlers = HandlerRegistry()
+    handlers.register(StageScriptHandler, replace=True)
+    return handlers

@@ -17,7 +17,7 @@ import pytest
 from tests.agent.scripted import EOS, tool_call
 from tests.doubles.scripted_llm import Completion, ScriptedLLM, replay
 
-from raas.cli import service_in_process
+from raas.cli.inprocess import service_in_process
 from raas.llm.models import prepare_tokenizer
 from raas.llm.tokenizer import ChatTokenizer
 from raas.pipeline.config import ServiceConfig
@@ -419,3 +419,48 @@ def test_serve_on_a_busy_port_fails_with_a_message(tmp_path: Path) -> None:
     assert f"could not serve on 127.0.0.1:{port}" in " ".join(proc.stderr.split())
     assert "Traceback" not in proc.stderr
     assert wait_gone(mark) == []
+
+
+def _serve_refusal(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    mark = uuid.uuid4().hex
+    env = marked_env(mark)
+    env["RAAS_HOME"] = str(tmp_path / "home")
+    env.pop("RAAS_API_TOKEN", None)
+    proc = subprocess.run(
+        [*RAAS, "serve", "--sandbox", "local", "--tokenizer", str(prepare_tokenizer()), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert wait_gone(mark) == []
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    return proc
+
+
+def test_serve_refuses_a_corrupt_ledger_with_a_message(tmp_path: Path) -> None:
+    import asyncio
+
+    from raas.pipeline.ledger import Ledger
+
+    ledger_file = tmp_path / "home" / "service" / "ledger.sqlite3"
+
+    async def write() -> None:
+        ledger = Ledger(ledger_file)
+        await ledger.open()
+        await ledger.close()
+
+    asyncio.run(write())
+    ledger_file.write_bytes(b"")
+    proc = _serve_refusal(tmp_path, "--port", "0")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    said = "".join(proc.stderr.split())  # the console wraps long paths anywhere
+    assert f"theledger{ledger_file}isunusable:thefileisempty(0bytes)" in said
+    assert "Restoreitfromabackup" in said
+
+
+def test_serve_refuses_a_public_address_without_a_token(tmp_path: Path) -> None:
+    proc = _serve_refusal(tmp_path, "--host", "0.0.0.0", "--port", "0")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    said = "".join(proc.stderr.split())  # the console wraps long lines anywhere
+    assert "refusingtoserve0.0.0.0withoutanAPItoken" in said and "SetRAAS_API_TOKEN" in said

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from raas.cli import choose_sandbox, listen_socket, make_jobs, summarize
-from raas.pipeline.jobs import JobRequest
+from raas.api.app import listen_socket
+from raas.cli.common import choose_sandbox
+from raas.cli.run import make_jobs, summarize
+from raas.core.jobs import JobRequest
 
 pytestmark = pytest.mark.unit
 

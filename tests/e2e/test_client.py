@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from tests.doubles.scripted_llm import ScriptedLLM, fixed
 
-from raas.cli import service_in_process
+from raas.cli.inprocess import service_in_process
 from raas.errors import RaasError
 from raas.pipeline.config import ServiceConfig
 from raas.trainer.client import RaasClient
@@ -161,7 +161,7 @@ async def test_drive_reports_unfetchable_results_as_filtered_failures(
     service: tuple[str, ScriptedLLM],
 ) -> None:
     """The ``raas run`` driver: a result the client cannot fetch is a typed, filtered failure, not a crash."""
-    from raas.cli import RunProgress, drive
+    from raas.cli.run import RunProgress, drive
 
     url, _ = service
 

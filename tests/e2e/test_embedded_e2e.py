@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import leftovers
 from tests.e2e.recording_proxy import Exchange, RecordingProxy
 
-from raas.cli import service_in_process
+from raas.cli.inprocess import service_in_process
 from raas.llm.embedded import EmbeddedServer
 from raas.llm.models import prepare_tokenizer
 from raas.pipeline.config import ServiceConfig

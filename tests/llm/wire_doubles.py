@@ -16,6 +16,7 @@ the real server is exercised by ``make test-vllm``. Faults (5xx, context errors)
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -257,3 +258,97 @@ class VLLMDouble(WireDouble):
                     ],
                     "usage": {"prompt_tokens": len(ids), "completion_tokens": len(out)},
                 }
+
+
+class HeldVLLM:
+    """A raw-socket vLLM-protocol double whose answers a test releases by hand.
+
+    Why raw: a test of weight sync needs a server that has *accepted* a request and holds it (or drops the
+    connection mid-request, as a crashing server does) exactly until the test says so; uvicorn cannot drop
+    a connection mid-request. It speaks the parts of vLLM's OpenAI server the vLLM client uses: ``GET
+    /health``, ``GET /v1/models`` (with ``max_model_len``), ``POST /inference/v1/generate`` (404: no
+    scale-out route, so the client uses completions) and ``POST /v1/completions`` (``token_ids`` and
+    ``logprobs.token_logprobs``). Every path in ``hold`` waits for :attr:`release` before answering;
+    ``drop_completions`` makes a released completion close the connection without an answer.
+    ``received`` is set once a held request has arrived; ``log`` records ``(method, path)`` of every request;
+    ``healthy = False`` makes ``/health`` answer 503.
+    """
+
+    def __init__(self, *, hold: set[str] | None = None, drop_completions: bool = False) -> None:
+        self.hold = set(hold or ())
+        self.drop_completions = drop_completions
+        self.healthy = True
+        self.received = asyncio.Event()
+        self.release = asyncio.Event()
+        self.log: list[tuple[str, str]] = []
+        self._server: asyncio.Server | None = None
+        self._conns: set[asyncio.StreamWriter] = set()
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> HeldVLLM:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self.release.set()  # nothing stays held past the test
+        self._server.close()
+        for w in list(self._conns):
+            w.transport.abort()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._conns.add(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                self.log.append((method, path))
+                if path in self.hold:
+                    self.received.set()
+                    await self.release.wait()
+                    if path == "/v1/completions" and self.drop_completions:
+                        writer.transport.abort()  # the server "crashes" mid-request
+                        return
+                status, payload = self._answer(method, path, body)
+                data = json.dumps(payload).encode()
+                writer.write(
+                    f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
+                    f"content-length: {len(data)}\r\n\r\n".encode()
+                    + data
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._conns.discard(writer)
+            writer.close()
+
+    def _answer(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
+        if method == "GET" and path == "/health":
+            return (200, {}) if self.healthy else (503, {"detail": "down"})
+        if method == "GET" and path == "/v1/models":
+            return 200, {"object": "list", "data": [{"id": "held", "object": "model", "max_model_len": 4096}]}
+        if method == "POST" and path == "/v1/completions":
+            out = [11, 12, 13]
+            return 200, {
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": "",
+                        "token_ids": out,
+                        "logprobs": {"token_logprobs": [-0.5] * len(out)},
+                        "finish_reason": "length",
+                    }
+                ],
+                "usage": {"prompt_tokens": len(json.loads(body)["prompt"]), "completion_tokens": len(out)},
+            }
+        return 404, {"detail": "Not Found"}

@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 
+from raas.core.jobs import JobRequest, is_terminal
 from raas.pipeline.config import ServiceConfig
-from raas.pipeline.jobs import JobRequest, is_terminal
 from raas.pipeline.service import RolloutService
 from raas.sandbox import SandboxManager, procs
-from raas.tasks import registry
-from tests.doubles.handlers import StageScriptHandler
+from tests.doubles.handlers import StageScriptHandler, script_registry
 
 
 class RecordingSandboxManager(SandboxManager):
@@ -43,7 +42,6 @@ def assert_no_leftovers(manager: RecordingSandboxManager) -> None:
 
 @pytest.fixture
 def script_handler() -> Any:
-    registry.register(StageScriptHandler, replace=True)
     StageScriptHandler.hook_calls.clear()
     yield StageScriptHandler
     StageScriptHandler.hook_calls.clear()
@@ -61,7 +59,7 @@ async def make_service(tmp_path: Path, script_handler: Any) -> AsyncIterator[Ser
         state = tmp_path / f"svc{len(made)}" if "state_dir" not in overrides else overrides.pop("state_dir")
         cfg = ServiceConfig(state_dir=state, **{"shutdown_grace_s": 0.0, **overrides})
         manager = RecordingSandboxManager(Path(state) / "sandboxes")
-        svc = RolloutService(cfg, sandbox_manager=manager)
+        svc = RolloutService(cfg, sandbox_manager=manager, handlers=script_registry())
         await svc.start()
         made.append((svc, manager))
         return svc

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from raas.pipeline import metrics
+from raas.core import metrics
+from raas.core.jobs import JobEvent
 from raas.pipeline.events import EventBus
-from raas.pipeline.jobs import JobEvent
 
 pytestmark = pytest.mark.unit
 
@@ -36,11 +36,34 @@ def test_metrics_exposition_includes_other_layers_and_gauges() -> None:
     from prometheus_client import CollectorRegistry
 
     metrics.observe_tool("bash", 0.002)
-    metrics.observe_llm("http://x:1", 0.5, ok=False)
+    metrics.observe_llm_attempt("http://x:1", 0.5, "failover")
     gauges = CollectorRegistry()
     gauges.register(metrics.StageGaugeCollector(lambda: {"run": {"queued": 3, "active": 2}}, lambda: 4))
     text = metrics.render(gauges).decode()
     assert 'raas_tool_latency_seconds_count{ok="true",tool="bash"}' in text
-    assert 'raas_llm_latency_seconds_count{ok="false",server="http://x:1"}' in text
+    assert 'raas_llm_attempt_seconds_count{outcome="failover",server="http://x:1"}' in text
     assert 'raas_stage_queued{stage="run"} 3.0' in text and 'raas_stage_active{stage="run"} 2.0' in text
     assert "raas_llm_servers 4.0" in text
+
+
+def test_no_raas_metric_lives_on_the_default_registry() -> None:
+    """``/metrics`` serves ``metrics.REGISTRY``; a metric on prometheus_client's default registry would be
+    invisible there. Import every raas module that records anything, then look."""
+    import importlib
+    import pkgutil
+
+    import prometheus_client
+
+    import raas
+
+    for mod in pkgutil.walk_packages(raas.__path__, "raas."):
+        if not mod.name.startswith("raas.toolserver"):  # runs inside sandboxes, records nothing
+            importlib.import_module(mod.name)
+    stray = [
+        name
+        for name in prometheus_client.REGISTRY._names_to_collectors  # no public listing API
+        if name.startswith("raas")
+    ]
+    assert stray == []
+    served = {m.name for m in metrics.REGISTRY.collect()}
+    assert {"raas_tool_calls", "raas_tool_latency_seconds", "raas_llm_attempt_seconds"} <= served

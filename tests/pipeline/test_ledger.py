@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from raas.core.jobs import ErrorInfo, JobResult
 from raas.errors import RaasError
-from raas.pipeline.jobs import ErrorInfo, JobResult
 from raas.pipeline.ledger import Ledger
 
 pytestmark = pytest.mark.unit

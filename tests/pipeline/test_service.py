@@ -9,9 +9,9 @@ import signal
 
 import pytest
 
+from raas.core.jobs import JobRequest
 from raas.errors import RaasError
-from raas.pipeline.jobs import JobRequest
-from raas.pipeline.service import NotAccepting, Overloaded
+from raas.pipeline.admission import NotAccepting, Overloaded
 from raas.sandbox import procs
 from tests.pipeline.conftest import ServiceFactory, reach, script, submit
 
@@ -306,7 +306,7 @@ async def test_llm_pause_does_not_count_against_run_budget(make_service: Service
 
     balancer = LLMBalancer(health_interval_s=0)
     svc = await make_service()
-    svc.balancer = balancer  # a real balancer with no servers: pausing only holds new requests
+    svc.layers.balancer = balancer  # a real balancer with no servers: pausing only holds new requests
     try:
         job_id = await submit(svc, script(run={"sleep": 0.6}), timeout_s=0.5)
         await reach(svc, job_id, "run")

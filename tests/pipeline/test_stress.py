@@ -8,8 +8,8 @@ import random
 
 import pytest
 
+from raas.core.jobs import JobRequest
 from raas.errors import RaasError
-from raas.pipeline.jobs import JobRequest
 from tests.pipeline.conftest import ServiceFactory
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ from raas.sandbox.images import (
     source_key,
     system_debian_mirror,
 )
-from raas.sandbox.limits import LAUNCHER, python_command, rlimit_args
+from raas.sandbox.limits import rlimit_args
 
 pytestmark = pytest.mark.unit
 
@@ -89,11 +89,25 @@ def test_local_command(tmp_path: Path) -> None:
     assert spec.env["FOO"] == "bar"
     assert spec.env["HOME"] == str(sb.home)
     assert spec.cwd == str(sb.workspace)
-    assert f"AS={512 << 20}" in argv
+    assert boot_options(argv) == [
+        "--rlimit",
+        f"AS={512 << 20}",
+    ]  # limits only: no mounts, no capabilities to drop
 
 
-def test_bwrap_command_fallback(tmp_path: Path) -> None:
-    (tmp_path / "img" / "root").mkdir(parents=True)
+def boot_options(argv: list[str]) -> list[str]:
+    i = argv.index("raas_toolserver.boot")
+    return argv[i + 1 : argv.index("--", i)]
+
+
+def dedicated(sb: object, uid: int = 1_610_612_800) -> None:
+    from raas.sandbox.identity import SandboxIdentity
+
+    sb.identity = SandboxIdentity(uid, uid, dedicated=True)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("as_root", [True, False])
+def test_bwrap_command(tmp_path: Path, as_root: bool) -> None:
     sb = make(
         BwrapSandbox,
         tmp_path,
@@ -101,38 +115,51 @@ def test_bwrap_command_fallback(tmp_path: Path) -> None:
         image=str(tmp_path / "img"),
         binds=["/data:/data:ro", "/out:/out"],
         env={"X": "1,2"},
+        max_procs=50,
+        disk_mb=300,
+        max_ptys=16,
+        writable=["/testbed"],
     )
-    sb.overlay = False
-    argv = sb.build_launch().argv
-    assert argv[1] == "--unshare-all" and "--share-net" not in argv
-    assert "--die-with-parent" in argv
-    assert flag_pairs(argv, "--uid") == ["0"] and flag_pairs(argv, "--gid") == ["0"]
-    i = argv.index("--ro-bind")
-    assert argv[i + 1 : i + 3] == [str(tmp_path / "img"), "/"]
-    assert "--overlay-src" not in argv
-    tmpfs = flag_pairs(argv, "--tmpfs")
-    assert "/tmp" in tmpfs and "/root" in tmpfs and "/var/tmp" not in tmpfs  # only dirs the image has
-    pairs = list(zip(argv, argv[1:], argv[2:], strict=False))
-    assert ("--bind", str(sb.workspace), "/workspace") in pairs
+    if as_root:
+        dedicated(sb)
+    spec = sb.build_launch()
+    argv = spec.argv
+    assert spec.args_via_fd and spec.env == {}  # options through --args; no host variable reaches pid 1
+    opts = argv[: argv.index("--")]
+    assert opts[1] == "--unshare-all" and "--share-net" not in opts
+    for flag in ("--unshare-user", "--disable-userns", "--die-with-parent", "--as-pid-1", "--clearenv"):
+        assert flag in opts
+    assert flag_pairs(opts, "--cap-add") == ["ALL"]  # for the boot step, which drops them all
+    assert flag_pairs(opts, "--uid") == ["0"] and flag_pairs(opts, "--gid") == ["0"]
+    pairs = list(zip(opts, opts[1:], opts[2:], strict=False))
+    assert ("--ro-bind", str(tmp_path / "img"), "/") in pairs
+    assert "--overlay-src" not in opts and "--tmp-overlay" not in opts
     assert ("--ro-bind", str(tmp_path / "bundle"), "/.raas/lib") in pairs
     assert ("--bind", str(sb.run_dir), "/.raas/run") in pairs
+    assert flag_pairs(opts, "--remount-ro") == ["/.raas"]
     assert ("--ro-bind", "/data", "/data") in pairs and ("--bind", "/out", "/out") in pairs
     assert ("--setenv", "RAAS_SANDBOX_ID", "sb-0123456789ab") in pairs
     assert ("--setenv", "X", "1,2") in pairs
-    assert "--clearenv" in argv
-    cmd = argv[argv.index("--") + 1 :]
-    assert cmd[:3] == ["python3", "-m", "raas_toolserver"]
-    assert cmd[cmd.index("--socket") + 1] == "/.raas/run/tool.sock"
+    assert not any(str(tmp_path) in a for a in argv[argv.index("--") :])  # host paths only in the options
+    boot = boot_options(argv)
+    assert flag_pairs(boot, "--disk-mb") == ["300"] and flag_pairs(boot, "--ptys") == ["16"]
+    assert flag_pairs(boot, "--bind")[:2] == ["ws:/workspace", "w0:/testbed"]
+    assert flag_pairs(boot, "--populate") == ["/workspace", "/testbed"]
+    assert flag_pairs(boot, "--rlimit") == ["NPROC=50"]
+    for flag in ("--mount-ns", "--readonly-rest", "--drop-caps"):
+        assert flag in boot
+    server = argv[argv.index("--", argv.index("raas_toolserver.boot")) + 1 :]
+    assert server[server.index("--socket") + 1] == "/.raas/run/tool.sock"
+    assert flag_pairs(server, "--max-sessions") == ["32"]
 
 
-def test_bwrap_command_overlay_and_network(tmp_path: Path) -> None:
-    sb = make(BwrapSandbox, tmp_path, backend="bwrap", image="/img", network=True)
-    sb.overlay = True
+def test_bwrap_network_and_host_area(tmp_path: Path) -> None:
+    sb = make(BwrapSandbox, tmp_path, backend="bwrap", image="/img", network=True, root_writes="host")
     argv = sb.build_launch().argv
     assert "--share-net" in argv
-    i = argv.index("--overlay-src")
-    assert argv[i + 1 : i + 4] == ["/img", "--tmp-overlay", "/"]
-    assert ["--ro-bind", "/img", "/"] != argv[i - 1 : i + 2]
+    pairs = list(zip(argv, argv[1:], argv[2:], strict=False))
+    assert ("--bind", str(sb.area_dir), "/.raas/rw") in pairs
+    assert "--disk-mb" not in boot_options(argv)  # a host dir is not capped
 
 
 def test_bwrap_version_is_parsed() -> None:
@@ -149,31 +176,37 @@ def test_apptainer_command(tmp_path: Path, as_root: bool) -> None:
     sb = make(
         ApptainerSandbox, tmp_path, backend="apptainer", image="/img", env={"A": "x,y"}, binds=["/d:/d:ro"]
     )
-    sb.as_root = as_root
+    if as_root:
+        dedicated(sb)
+        sb.unshare = "/usr/bin/unshare"
     spec = sb.build_launch()
     argv = spec.argv
+    if as_root:  # apptainer runs under the sandbox's uid, as root of a user namespace of its own
+        assert argv[:4] == ["/usr/bin/unshare", "--user", "--map-root-user", "--"]
+        argv = argv[4:]
     assert argv[1:3] == ["-s", "exec"]
-    for flag in ("--containall", "--no-home", "--writable-tmpfs"):
+    for flag in ("--containall", "--cleanenv", "--no-init", "--no-home"):
         assert flag in argv
+    assert "--writable-tmpfs" not in argv  # the image stays read-only; writes go to the capped area
     assert flag_pairs(argv, "--network") == ["none"] and "--net" in argv
     assert ("--userns" in argv) is as_root
     assert ("--fakeroot" in argv) is (not as_root)
     binds = flag_pairs(argv, "--bind")
-    assert f"{sb.workspace}:/workspace" in binds
     assert f"{sb.run_dir}:/.raas/run" in binds
     assert f"{tmp_path / 'bundle'}:/.raas/lib:ro" in binds
     assert "/d:/d:ro" in binds
     assert spec.env["APPTAINERENV_RAAS_SANDBOX_ID"] == "sb-0123456789ab"
     assert spec.env["APPTAINERENV_A"] == "x,y"
     assert spec.env["APPTAINERENV_PYTHONPATH"] == "/.raas/lib"
-    assert argv[argv.index("/img") + 1 :][:3] == ["python3", "-m", "raas_toolserver"]
+    assert spec.env["HOME"] == str(sb.home_dir)
+    assert argv[argv.index("/img") + 1 :][:3] == ["python3", "-m", "raas_toolserver.boot"]
+    assert "--drop-caps" in boot_options(argv) and "--readonly-rest" in boot_options(argv)
 
 
 def test_apptainer_network_on_and_no_fakeroot(tmp_path: Path) -> None:
     sb = make(ApptainerSandbox, tmp_path, backend="apptainer", image="/img", network=True, fakeroot=False)
-    sb.as_root = False
     argv = sb.build_launch().argv
-    assert "--network" not in argv and "--fakeroot" not in argv and "--userns" not in argv
+    assert "--network" not in argv and "--fakeroot" not in argv and "--userns" in argv
 
 
 @pytest.mark.parametrize("cls,cli", [(DockerSandbox, "docker"), (PodmanSandbox, "podman")])
@@ -191,6 +224,8 @@ def test_docker_command(tmp_path: Path, cls: type, cli: str) -> None:
     assert argv[:2] == [cli, "run"] and "--rm" in argv and "-i" in argv
     assert flag_pairs(argv, "--name") == ["raas-sb-0123456789ab"]
     assert flag_pairs(argv, "--network") == ["none"]
+    assert flag_pairs(argv, "--cap-drop") == ["ALL"]
+    assert flag_pairs(argv, "--security-opt") == ["no-new-privileges"]
     vols = flag_pairs(argv, "-v")
     assert f"{sb.run_dir}:/.raas/run" in vols and f"{tmp_path / 'bundle'}:/.raas/lib:ro" in vols
     assert flag_pairs(argv, "--memory") == ["256m"]
@@ -198,33 +233,42 @@ def test_docker_command(tmp_path: Path, cls: type, cli: str) -> None:
     assert flag_pairs(argv, "--ulimit") == [f"fsize={10 << 20}:{10 << 20}"]
     assert "RAAS_SANDBOX_ID=sb-0123456789ab" in flag_pairs(argv, "-e")
     i = argv.index("python:3.12-slim")
-    assert argv[i + 1 : i + 4] == ["python3", "-m", "raas_toolserver"]
+    assert argv[i + 1 : i + 4] == ["python3", "-m", "raas_toolserver.boot"]
 
 
-def test_rlimit_args_and_launcher_apply_limits(tmp_path: Path) -> None:
+def test_rlimits_are_applied_by_the_boot_step(tmp_path: Path) -> None:
+    """Run the boot step for real (no container steps): it sets the limits, then serves."""
     assert rlimit_args(None, None, None) == []
-    assert python_command("py", "m", ["a"], []) == ["py", "-m", "m", "a"]
     with pytest.raises(RaasError):
         rlimit_args(0, None, None)
     limits = rlimit_args(1024, 3, 100)
-    # Run the launcher for real with this interpreter: it must set the limits, then run the module.
-    argv = python_command(sys.executable, "json.tool", ["--help"], limits)
-    assert argv[:3] == [sys.executable, "-c", LAUNCHER]
-    (tmp_path / "raas_probe.py").write_text(
-        "import resource as r;print(r.getrlimit(r.RLIMIT_AS)[0],r.getrlimit(r.RLIMIT_FSIZE)[0],"
-        "r.getrlimit(r.RLIMIT_NPROC)[0])\n"
+    (tmp_path / "raas_probe").mkdir()
+    (tmp_path / "raas_probe" / "__init__.py").write_text("")
+    boot = Path(__file__).resolve().parents[2] / "src" / "raas" / "toolserver" / "boot.py"
+    (tmp_path / "raas_probe" / "boot.py").write_text(boot.read_text())
+    (tmp_path / "raas_probe" / "server.py").write_text(
+        "import resource as r\n"
+        "def main(argv):\n"
+        "    print(r.getrlimit(r.RLIMIT_AS)[0], r.getrlimit(r.RLIMIT_FSIZE)[0], r.getrlimit(r.RLIMIT_NPROC)[0], argv)\n"
     )
+    args = [a for kv in limits for a in ("--rlimit", kv)]
     out = subprocess.run(
-        [sys.executable, "-c", LAUNCHER, *limits, "--", "-m", "raas_probe"],
+        [sys.executable, "-m", "raas_probe.boot", *args, "--", "x"],
         capture_output=True,
         text=True,
         check=False,
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [str(1024 << 20), str(3 << 20), "100"]
-    ran = subprocess.run(argv, capture_output=True, text=True, check=False)
-    assert ran.returncode == 0 and "usage" in ran.stdout.lower()
+    assert out.stdout.split() == [str(1024 << 20), str(3 << 20), "100", "['x']"]
+    bad = subprocess.run(
+        [sys.executable, "-m", "raas_probe.boot", "--rlimit", "BOGUS=1", "--", "x"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert bad.returncode == 3 and "unknown resource limit BOGUS" in bad.stderr
 
 
 def test_image_spec_key_is_stable_and_validated() -> None:
@@ -270,12 +314,7 @@ def test_image_sources(tmp_path: Path) -> None:
 
 def test_root_writes_on_host(tmp_path: Path) -> None:
     app = make(ApptainerSandbox, tmp_path, backend="apptainer", image="/img", root_writes="host")
-    app.as_root = False
     argv = app.build_launch().argv
-    assert flag_pairs(argv, "--overlay") == [str(app.overlay_dir)] and "--writable-tmpfs" not in argv
-    bw = make(BwrapSandbox, tmp_path, backend="bwrap", image="/img", root_writes="host")
-    bw.overlay = True
-    argv = bw.build_launch().argv
-    i = argv.index("--overlay")
-    assert argv[i + 1 : i + 4] == [str(bw.overlay_dir / "upper"), str(bw.overlay_dir / "work"), "/"]
-    assert "--tmp-overlay" not in argv
+    assert f"{app.area_dir}:/.raas/rw" in flag_pairs(argv, "--bind")
+    assert "--overlay" not in argv and "--writable-tmpfs" not in argv
+    assert "--disk-mb" not in boot_options(argv)

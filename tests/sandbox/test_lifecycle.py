@@ -25,6 +25,7 @@ pytestmark = pytest.mark.integration
 CHILD = r"""
 import asyncio, json, os, signal, sys
 from raas.sandbox import SandboxConfig, SandboxManager
+from raas.sandbox.manager import install_signal_handlers
 
 async def main():
     state, config, mode = sys.argv[1], SandboxConfig.model_validate_json(sys.argv[2]), sys.argv[3]
@@ -40,6 +41,7 @@ async def main():
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     sys.exit(0)
 
+install_signal_handlers()  # a program without handlers of its own asks for the manager's
 asyncio.run(main())
 """
 

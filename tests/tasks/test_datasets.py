@@ -105,3 +105,36 @@ def test_missing_file() -> None:
     with pytest.raises(RaasError) as e:
         load_dataset("/nonexistent/data.jsonl")
     assert e.value.kind == "bad_request"
+
+
+def test_builtin_humaneval_and_stem() -> None:
+    assert len(load_dataset("builtin:humaneval")) == 164
+    few = load_dataset("builtin:humaneval:3")
+    assert [p["instance_id"] for p in few] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert all(p["data_source"] == "code" and "def check" in p["test"] for p in few)
+    assert len(load_dataset("builtin:stem")) == 16
+    assert len(load_dataset("builtin:stem:40")) == 40
+    for bad in ("builtin:humaneval:165", "builtin:humaneval:0", "builtin:stem:x", "builtin:stem:501"):
+        with pytest.raises(RaasError) as e:
+            load_dataset(bad)
+        assert e.value.kind == "bad_request"
+
+
+def test_rows_without_data_source_are_routed_by_their_shape(tmp_path: Path) -> None:
+    rows = [
+        {"problem": "1+1?", "answer": 2},
+        {"question": "Which is a noble gas?", "choices": ["neon", "iron"], "answer": 0},
+        {"question": "Symbol of gold?", "answer": "Au"},
+        {"problem": "Print the sum.", "inputs": ["1 2\n"], "outputs": ["3\n"]},
+        {"problem": "Echo.", "tests": '[{"input": "x", "output": "x"}]'},
+        {"prompt": "def f():\n", "entry_point": "f", "test": "def check(c): pass"},
+        {"problem": "Anything", "answer": "1", "data_source": "stem"},
+    ]
+    f = tmp_path / "mixed.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    got = load_dataset(str(f))
+    assert [g["data_source"] for g in got] == ["math", "stem", "stem", "code", "code", "code", "stem"]
+    assert got[0]["answer"] == "2"  # math answers become strings
+    assert got[1]["answer"] == 0  # a multiple-choice index stays an index
+    # A data_source given for the file applies to rows without their own.
+    assert {g["data_source"] for g in load_file(f, data_source="stem")[:6]} == {"stem"}

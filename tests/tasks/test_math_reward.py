@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raas.agent.trajectory import Message, RunOutput
+from raas.core.trajectory import Message, RunOutput
 from raas.errors import RaasError
 from raas.tasks.base import Env, Job
 from raas.tasks.math import MathHandler, last_boxed, score_answer

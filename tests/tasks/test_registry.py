@@ -1,4 +1,4 @@
-"""Handler lookup: built-ins, runtime registration and third-party entry points."""
+"""Handler lookup: built-ins, runtime registration and third-party entry points, per registry."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from raas.agent.trajectory import EvalOutput, RunOutput
+from raas.core.trajectory import EvalOutput, RunOutput
 from raas.errors import RaasError
-from raas.tasks import registry
 from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
 from raas.tasks.math import MathHandler
+from raas.tasks.registry import HandlerRegistry
 
 pytestmark = pytest.mark.unit
 
@@ -31,28 +31,56 @@ class Echo(TaskHandler):
 
 
 def test_builtin_math() -> None:
-    assert isinstance(registry.get_handler("math"), MathHandler)
-    assert registry.get_handler("math") is registry.get_handler("math")
-    assert "math" in registry.list_handlers()
+    registry = HandlerRegistry()
+    assert isinstance(registry.get("math"), MathHandler)
+    assert registry.get("math") is registry.get("math")
+    assert "math" in registry.names()
 
 
 @pytest.mark.parametrize("source", ["nope", ""])
 def test_unknown_is_bad_request(source: str) -> None:
     with pytest.raises(RaasError) as e:
-        registry.get_handler(source)
+        HandlerRegistry().get(source)
     assert e.value.kind == "bad_request"
 
 
 def test_register_and_unregister() -> None:
+    registry = HandlerRegistry()
     registry.register(Echo)
-    try:
-        assert isinstance(registry.get_handler("echo-test"), Echo)
-        with pytest.raises(RaasError):
-            registry.register(MathHandler, "echo-test")
-    finally:
-        registry.unregister("echo-test")
+    assert isinstance(registry.get("echo-test"), Echo)
     with pytest.raises(RaasError):
-        registry.get_handler("echo-test")
+        registry.register(MathHandler, "echo-test")
+    registry.unregister("echo-test")
+    with pytest.raises(RaasError):
+        registry.get("echo-test")
+
+
+def test_registries_are_independent() -> None:
+    """What one registry (one service's) registers, another never sees or loses."""
+    one, two = HandlerRegistry(), HandlerRegistry()
+    one.register(Echo)
+    two.register(MathHandler, "echo-test")
+    assert isinstance(one.get("echo-test"), Echo) and isinstance(two.get("echo-test"), MathHandler)
+    assert one.get("math") is not two.get("math")  # each has its own instances
+    with pytest.raises(RaasError):
+        HandlerRegistry().get("echo-test")
+    bare = HandlerRegistry(builtins=False, entry_points=False)
+    assert bare.names() == []
+
+
+@pytest.mark.parametrize(
+    ("target", "why"),
+    [
+        ("no_colon", "module:Class"),
+        ("raas.nowhere:X", "cannot load"),
+        ("raas.tasks.math:NOPE", "cannot load"),
+        ("raas.tasks.math:last_boxed", "not a TaskHandler"),
+    ],
+)
+def test_bad_handler_targets_are_bad_requests(target: str, why: str) -> None:
+    with pytest.raises(RaasError) as e:
+        HandlerRegistry().register_target("x", target)
+    assert e.value.kind == "bad_request" and why in e.value.message
 
 
 @pytest.fixture
@@ -60,7 +88,7 @@ def plugin_dist(tmp_path: Path) -> Iterator[Path]:
     """An installed distribution (dist-info on sys.path) declaring ``raas.tasks`` entry points."""
     pkg = tmp_path / "raas_plugin_demo.py"
     pkg.write_text(
-        "from raas.agent.trajectory import EvalOutput, RunOutput\n"
+        "from raas.core.trajectory import EvalOutput, RunOutput\n"
         "from raas.tasks.base import Env, TaskHandler\n"
         "class Demo(TaskHandler):\n"
         "    name = 'demo'\n"
@@ -77,21 +105,22 @@ def plugin_dist(tmp_path: Path) -> Iterator[Path]:
         "missing = raas_plugin_nowhere:X\n"
     )
     sys.path.insert(0, str(tmp_path))
-    registry.rescan()
     yield tmp_path
     sys.path.remove(str(tmp_path))
     sys.modules.pop("raas_plugin_demo", None)
-    for name in ("demo", "bogus", "missing"):
-        registry.unregister(name)
-    registry.rescan()
 
 
 def test_entry_point_plugins(plugin_dist: Path) -> None:
-    h = registry.get_handler("demo")
+    registry = HandlerRegistry()
+    h = registry.get("demo")
     assert type(h).__name__ == "Demo"
-    assert "demo" in registry.list_handlers()
+    assert "demo" in registry.names()
     for broken in ("bogus", "missing"):
         with pytest.raises(RaasError) as e:
-            registry.get_handler(broken)
+            registry.get(broken)
         assert e.value.kind == "bad_request"
         assert "unavailable" in e.value.message
+    registry.register(Echo, "demo", replace=True)  # an explicit registration wins over a plug-in
+    registry.rescan()
+    assert isinstance(registry.get("demo"), Echo)
+    assert "demo" not in HandlerRegistry(entry_points=False).names()

@@ -78,7 +78,7 @@ def path_exists(path: str) -> bool:
 
 @pytest.fixture(scope="session")
 def bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_bundle(tmp_path_factory.mktemp("bundle"))
+    return build_bundle(tmp_path_factory.mktemp("bundle"))[0]
 
 
 async def start_server(

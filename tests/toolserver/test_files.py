@@ -114,7 +114,7 @@ async def test_file_errors(client: ToolClient, shared_server: RunningServer) -> 
         (client.read_file("relative.txt"), "bad_request"),
         (client.read_file(str(shared_server.workdir)), "tool_error"),
         (client.upload_bytes(b"not a tar at all", f"{shared_server.workdir}/x"), "bad_request"),
-        (client.request("files", "write", {"path": "/tmp/x", "content_b64": "***"}), "bad_request"),
+        (client.request("files", "write", {"path": "/tmp/x"}), "bad_request"),  # no attachment
     ]
     for coro, kind in cases:
         with pytest.raises(RaasError) as exc:

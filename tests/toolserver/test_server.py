@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import glob
 import io
 import json
@@ -20,7 +19,7 @@ import pytest
 
 from raas.errors import RaasError
 from raas.sandbox.client import ToolClient
-from raas.toolserver.protocol import encode_frame, read_frame
+from raas.toolserver.protocol import encode_frame, encode_message, read_frame
 
 from .conftest import RunningServer, path_exists, processes_tagged, start_server, wait_gone
 
@@ -44,10 +43,16 @@ class RawConn:
     async def recv(self) -> dict | None:
         async with asyncio.timeout(30):
             body = await read_frame(self.reader, 1 << 27)
-        return None if body is None else json.loads(body)
+            if body is None:
+                return None
+            msg = json.loads(body)
+            if "att" in msg:
+                msg["attachment"] = await self.reader.readexactly(msg["att"])
+        return msg
 
-    async def call(self, msg: dict) -> dict:
-        await self.send_raw(encode_frame(msg))
+    async def call(self, msg: dict, attachment: bytes | None = None) -> dict:
+        for part in encode_message(msg, attachment):
+            await self.send_raw(part)
         got = await self.recv()
         assert got is not None
         return got
@@ -112,10 +117,20 @@ async def test_oversize_frame_is_refused_and_server_stays_up(shared_server: Runn
         assert await conn.recv() is None  # the server hung up on this connection only
     finally:
         await conn.close()
-    async with ToolClient(shared_server.socket) as c:
+    # An attachment over the server's limit is refused before a byte of it is read.
+    conn = await RawConn.open(shared_server.socket)
+    try:
+        msg = {"v": 1, "id": 7, "tool": "files", "op": "write", "args": {"path": "/tmp/x"}, "att": 2**40}
+        await conn.send_raw(encode_frame(msg))
+        resp = await conn.recv()
+        assert resp is not None and resp["error"]["kind"] == "payload_too_large" and resp["id"] is None
+        assert await conn.recv() is None
+    finally:
+        await conn.close()
+    async with ToolClient(shared_server.socket, max_attachment=16) as c:
         assert (await c.bash("echo up")).output == "up\n"
         with pytest.raises(RaasError) as exc:
-            await c.write_file("/tmp/too-big", b"x" * (c.max_frame))
+            await c.write_file("/tmp/too-big", b"x" * 17)
         assert exc.value.kind == "payload_too_large"
 
 
@@ -276,14 +291,13 @@ async def test_parent_death_stops_server(bundle_dir: Path, tmp_path: Path) -> No
 WEIRD_VALUES = [None, True, -1, 1.5, 2**60, float("nan"), "", "\0", "\ud800", "x" * 10, [], {}, [1, "a"]]
 
 
-def _valid_calls(workdir: Path) -> list[tuple[str, str, dict]]:
-    empty_tar = base64.b64encode(tar_bytes({})).decode()
+def _valid_calls(workdir: Path) -> list[tuple[str, str, dict, bytes | None]]:
     return [
-        ("bash", "run", {"command": "true", "session": "fz", "timeout": 10, "no_output_timeout": 10}),
-        ("bash", "close", {"session": "fz"}),
-        ("bash", "list", {}),
-        ("ipython", "run", {"code": "1", "timeout": 60}),
-        ("files", "write", {"path": f"{workdir}/f", "content_b64": ""}),
+        ("bash", "run", {"command": "true", "session": "fz", "timeout": 10, "no_output_timeout": 10}, None),
+        ("bash", "close", {"session": "fz"}, None),
+        ("bash", "list", {}, None),
+        ("ipython", "run", {"code": "1", "timeout": 60}, None),
+        ("files", "write", {"path": f"{workdir}/f"}, b""),
         (
             "editor",
             "run",
@@ -296,11 +310,12 @@ def _valid_calls(workdir: Path) -> list[tuple[str, str, dict]]:
                 "new_str": "b",
                 "file_text": "t",
             },
+            None,
         ),
-        ("files", "upload", {"path": f"{workdir}/up", "data_b64": empty_tar}),
-        ("files", "download", {"path": str(workdir / "up")}),
-        ("files", "read", {"path": f"{workdir}/f"}),
-        ("server", "ping", {}),
+        ("files", "upload", {"path": f"{workdir}/up"}, tar_bytes({})),
+        ("files", "download", {"path": str(workdir / "up")}, None),
+        ("files", "read", {"path": f"{workdir}/f"}, None),
+        ("server", "ping", {}, None),
     ]
 
 
@@ -320,16 +335,18 @@ async def test_no_input_crashes_the_server(fresh_server: RunningServer) -> None:
     try:
         req_id = 0
         kinds: set[str] = set()
-        for tool, op, valid in _valid_calls(fresh_server.workdir):
+        for tool, op, valid, attachment in _valid_calls(fresh_server.workdir):
             req_id += 1
-            resp = await conn.call({"v": 1, "id": req_id, "tool": tool, "op": op, "args": valid})
+            resp = await conn.call({"v": 1, "id": req_id, "tool": tool, "op": op, "args": valid}, attachment)
             assert resp["ok"], (tool, op, resp)
             for name in [*valid, "unexpected"]:
                 for value in WEIRD_VALUES:
                     req_id += 1
                     args = dict(valid)
                     args[name] = value
-                    resp = await conn.call({"v": 1, "id": req_id, "tool": tool, "op": op, "args": args})
+                    resp = await conn.call(
+                        {"v": 1, "id": req_id, "tool": tool, "op": op, "args": args}, attachment
+                    )
                     assert resp["id"] == req_id
                     if not resp["ok"]:
                         kinds.add(resp["error"]["kind"])

@@ -1,9 +1,10 @@
-"""In-process pieces of the tool server: framing, output capping, sentinel parsing, argument checks."""
+"""In-process pieces of the tool server: framing, output capping, report parsing, argument checks."""
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import os
 import struct
 import subprocess
 import sys
@@ -12,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import raas.toolserver as toolserver_pkg
-from raas.toolserver.bash import SentinelScanner
-from raas.toolserver.bundle import BUNDLE_PACKAGE, build_bundle
+from raas.toolserver.bashproto import Report, ReportScanner, parse_report
+from raas.toolserver.bundle import BUNDLE_PACKAGE, build_bundle, verify_bundle
 from raas.toolserver.output import OutputBuffer, cap_text, clean_text
 from raas.toolserver.protocol import (
     ProtocolError,
@@ -89,20 +90,40 @@ def test_clean_text() -> None:
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 7, 64])
-def test_sentinel_scanner_across_chunk_boundaries(chunk: int) -> None:
-    token = b"abc123"
-    stream = b"out\x1ebefore \x1eabc12" + b"\x1eabc123 7 0 /tmp/a b\x1e" + b"tail\x1eabc123 8 130 /\x1e"
-    scanner = SentinelScanner(token)
-    out = b""
-    sentinels = []
+def test_report_scanner_across_chunk_boundaries(chunk: int) -> None:
+    older = b"RAAS1 111 5 0  himBH 1 /old\0\0\0"  # two commands ago: output now
+    fake = b"RAAS1 999 7 0  himBH 1 /fake\0\0\0"  # a look-alike with a wrong nonce
+    previous = b"RAAS1 222 6 0  himBH 1 /prev\0\0\0"  # a late duplicate of the previous command's report
+    real = b"RAAS1 123 7 130 xy ahimBH 01c /tmp/a b\0(v) root$ \0zero> \0"
+    stream = b"out R RA " + older + fake + previous + b"RAAS1 123 6 0 " + real + b"after"
+    scanner = ReportScanner()
+    scanner.expect("111", 5)
+    scanner.expect("222", 6)
+    scanner.expect("123", 7)
+    out, reports = b"", []
     for i in range(0, len(stream), chunk):
-        for kind, value in scanner.feed(stream[i : i + chunk]):
-            if kind == "out":
-                out += value
-            else:
-                sentinels.append(value)
-    assert out == b"out\x1ebefore \x1eabc12tail"
-    assert sentinels == [(7, 0, "/tmp/a b"), (8, 130, "/")]
+        piece, found = scanner.feed(stream[i : i + chunk])
+        out += piece
+        reports += found
+    assert reports == [
+        Report("222", 6, 0, "", "1", "/prev", "", ""),
+        Report("123", 7, 130, "xya", "01c", "/tmp/a b", "(v) root$ ", "zero> "),
+    ]
+    assert out == b"out R RA " + older + fake + b"RAAS1 123 6 0 after"
+
+
+def test_report_scanner_holds_back_only_a_possible_header() -> None:
+    scanner = ReportScanner()
+    assert scanner.feed(b"RAAS1 42 1 0  him 1 /\0\0\0") == (b"RAAS1 42 1 0  him 1 /\0\0\0", [])
+    scanner.expect("42", 1)
+    assert scanner.feed(b"ERROR\nRAAS1 4") == (b"ERROR\n", [])
+    assert scanner.release() == b"RAAS1 4"
+    assert scanner.feed(b"RAAS1 42 1 0 " + b"x" * 20_000) == (b"RAAS1 42 1 0 " + b"x" * 20_000, [])
+    # An upper-cased report (a terminal in olcuc mode) still counts.
+    assert parse_report(b"RAAS1 42 1 0 XY AHIMBH 1C /TMP\0\0\0") == Report(
+        "42", 1, 0, "xya", "1c", "/TMP", "", ""
+    )
+    assert parse_report(b"RAAS1 42 1 0  him 1 /x\0\0") is None
 
 
 def test_validate_args() -> None:
@@ -111,10 +132,16 @@ def test_validate_args() -> None:
         "timeout": 1.5,
     }
     assert validate_args("server", "ping", None) == {}
+    assert validate_args("bash", "send", {"input": "y\n", "interrupt": True}) == {
+        "input": "y\n",
+        "interrupt": True,
+    }
     for tool, op, args in [
         ("bash", "run", {"command": None}),
         ("bash", "run", {"command": "x", "timeout": float("nan")}),
         ("bash", "run", {"command": "x", "output_cap": 1.5}),
+        ("bash", "send", {"interrupt": 1}),
+        ("bash", "send", {"input": ["y"]}),
         ("editor", "run", {"command": "view", "path": "/", "view_range": "1,2"}),
         ("files", "read", {"path": "/x", "extra": 1}),
         ("nope", "x", {}),
@@ -135,15 +162,38 @@ def test_in_sandbox_code_parses_as_python38(module: Path) -> None:
             assert not any(a.name.startswith("raas") for a in node.names), module.name
 
 
-def test_bundle_is_cached_by_content(tmp_path: Path) -> None:
-    first = build_bundle(tmp_path)
-    assert build_bundle(tmp_path) == first
+def test_bundle_is_fresh_compiled_and_verifiable(tmp_path: Path) -> None:
+    first, digest = build_bundle(tmp_path)
     assert (first / BUNDLE_PACKAGE / "__main__.py").is_file()
     assert (first / "ptyprocess" / "__init__.py").is_file()
+    assert any((first / BUNDLE_PACKAGE / "__pycache__").glob("*.pyc"))
     assert sorted(p.name for p in (first / BUNDLE_PACKAGE).glob("*.py")) == sorted(
         p.name for p in PACKAGE_DIR.glob("*.py")
     )
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no staging dirs left
+    assert verify_bundle(first, digest)
+    second, _ = build_bundle(tmp_path)
+    assert second != first  # every build is a fresh dir: nothing is reused unchecked
+
+
+@pytest.mark.parametrize("tamper", ["append", "pyc", "new_file", "symlink"])
+def test_tampered_bundle_fails_verification(tmp_path: Path, tamper: str) -> None:
+    bundle, digest = build_bundle(tmp_path)
+    init = bundle / BUNDLE_PACKAGE / "__init__.py"
+    if tamper == "append":
+        init.chmod(0o644)
+        with open(init, "a") as f:
+            f.write("import os; os.system('touch /tmp/pwned')\n")
+        os.utime(init, (0, 0))
+    elif tamper == "pyc":
+        pyc = next((bundle / BUNDLE_PACKAGE / "__pycache__").glob("server*.pyc"))
+        data = pyc.read_bytes()
+        pyc.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    elif tamper == "new_file":
+        (bundle / BUNDLE_PACKAGE / "sitecustomize.py").write_text("x = 1\n")
+    else:
+        (bundle / "evil").symlink_to("/etc")
+    assert not verify_bundle(bundle, digest)
 
 
 def test_in_sandbox_code_needs_at_most_python38() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 
@@ -16,3 +18,17 @@ class AgentConfig(BaseModel):
     observation_cap_bytes: int = Field(8000, ge=256)
     tool_timeout_s: float = Field(30.0, gt=0)
     system_prompt: str | None = None
+
+
+AGENT_ALIASES: dict[str, str] = {"max_iterations": "max_turns"}
+"""Other clients' names for :class:`AgentConfig` fields in ``sampling_params`` (ProRL's turn limit is
+``max_iterations``). The field's own name wins when a job sends both."""
+
+
+def agent_overrides(sampling_params: dict[str, Any]) -> dict[str, Any]:
+    """The :class:`AgentConfig` settings a job's ``sampling_params`` carry, aliases resolved."""
+    overrides = {k: v for k, v in sampling_params.items() if k in AgentConfig.model_fields}
+    for alias, name in AGENT_ALIASES.items():
+        if alias in sampling_params and name not in overrides:
+            overrides[name] = sampling_params[alias]
+    return overrides

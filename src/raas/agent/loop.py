@@ -4,7 +4,10 @@ The loop never re-tokenizes text: prompts grow by the chat tokenizer's exact del
 IDs the server sampled, so the recorded sequence is exactly what the policy saw and produced. It keeps one
 ordered list of pieces (``prompt`` pieces added by the template/environment, ``sampled`` pieces from the
 policy) from which the messages, the turns and the flattened :class:`TokenTrajectory` are all derived, and
-it checks after every step that the conversation's own token view equals that list.
+before every generate call (and once at the end) it checks that the conversation's own token view
+(``conv.ids``) equals that list. The check looks only at the tokens appended since the previous one
+(O(new tokens) per step, so it stays on); a difference raises :class:`TokenMismatch` (``token_mismatch``,
+infrastructure: the trajectory is filtered, never trained on).
 """
 
 from __future__ import annotations
@@ -12,21 +15,30 @@ from __future__ import annotations
 import copy
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from raas.agent.config import AgentConfig
+from raas.agent.context import LLMContext
 from raas.agent.toolcalls import FORMAT_HINT, parse_tool_calls
 from raas.agent.tools import Observation, ToolSet
-from raas.agent.trajectory import Message, RunOutput, TokenTrajectory, ToolCall, Turn
+from raas.core.jobs import Job
+from raas.core.trajectory import Message, RunOutput, TokenTrajectory, ToolCall, Turn
 from raas.errors import RaasError
 from raas.llm.types import SamplingParams
 
 if TYPE_CHECKING:
     from raas.sandbox import Sandbox
-    from raas.tasks.base import Job, LLMContext
 
 NUDGE = "You did not call a tool. Call a tool to continue, or call finish with your final answer."
+
+
+class TokenMismatch(RaasError):
+    """The chat tokenizer's conversation and the recorded pieces disagree: a template or tokenizer bug in
+    raas or the model's files, never the policy's doing, so the rollout is filtered."""
+
+    kind = "token_mismatch"
 
 
 @dataclass
@@ -48,16 +60,49 @@ class _State:
     """Results of calls executed after the policy's last turn: kept as an artifact, not as messages, so
     ``messages`` mirror exactly the token sequence the policy saw (and end with its last turn)."""
 
+    length: int = 0
+    checked_len: int = 0
+    """Tokens of the recorded sequence already proven equal to the conversation's (see :meth:`check`)."""
+    checked_pieces: int = 0
+
     def seq_len(self) -> int:
-        return sum(len(p.ids) for p in self.pieces)
+        return self.length
 
     def seq(self) -> list[int]:
         return [t for p in self.pieces for t in p.ids]
 
+    def add_piece(self, piece: _Piece) -> None:
+        self.pieces.append(piece)
+        self.length += len(piece.ids)
+
     def add_prompt(self, ids: list[int]) -> None:
         if ids:
-            self.pieces.append(_Piece(list(ids), sampled=False))
+            self.add_piece(_Piece(list(ids), sampled=False))
             self.pending_prompt.extend(ids)
+
+    def check(self, conv_ids: Sequence[int], *, exact: bool) -> None:
+        """Prove the conversation's tokens equal the recorded pieces, comparing only what was appended
+        since the previous check. ``exact``: the conversation holds nothing beyond the pieces (it does
+        after an assistant turn, whose template closing is recorded with the next prompt)."""
+        n = self.length
+        if len(conv_ids) < n or (exact and len(conv_ids) != n):
+            raise TokenMismatch(
+                f"the conversation holds {len(conv_ids)} tokens where the recorded trajectory has {n}",
+                stage="run",
+            )
+        pos = self.checked_len
+        for piece in self.pieces[self.checked_pieces :]:
+            end = pos + len(piece.ids)
+            got = conv_ids[pos:end]
+            if got != piece.ids:
+                at = next((i for i, (a, b) in enumerate(zip(got, piece.ids, strict=True)) if a != b), 0)
+                raise TokenMismatch(
+                    f"the conversation's token {pos + at} is {got[at]} where the recorded "
+                    f"{'sampled' if piece.sampled else 'prompt'} piece has {piece.ids[at]}",
+                    stage="run",
+                )
+            pos = end
+        self.checked_len, self.checked_pieces = n, len(self.pieces)
 
     def bump(self, key: str, by: float = 1.0) -> None:
         self.metrics[key] = self.metrics.get(key, 0.0) + by
@@ -111,7 +156,7 @@ async def run_agent(
     init_messages = [{"role": "system", "content": system}, {"role": "user", "content": user_prompt}]
     # The chat tokenizer renders the schemas with the template, or injects them into the system message
     # in the Hermes format when the template has no tool support.
-    conv = llm.tokenizer.conversation(init_messages, tools=tools.schemas)
+    conv = llm.require_tokenizer().conversation(init_messages, tools=tools.schemas)
 
     st = _State()
     st.add_prompt(list(conv.prompt_ids))
@@ -137,9 +182,10 @@ async def run_agent(
                 finish_reason = "context_budget"
                 break
             sampling = _sampling(job, min(config.max_tokens_per_turn, remaining))
+            st.check(conv.prompt_ids, exact=True)
             prompt_len = st.seq_len()
             try:
-                res = await llm.balancer.generate(st.seq(), sampling, trajectory_id=job.trajectory_id)
+                res = await llm.balancer.generate(st.seq(), sampling, trajectory_id=job.job_id)
             except RaasError as e:
                 if e.kind == "context_window_exceeded" and st.turns:
                     finish_reason = "context_budget"
@@ -172,7 +218,7 @@ async def run_agent(
             st.bump("response_tokens", len(output_ids))
             st.bump("logprobs_missing", sum(1 for x in logprobs if x is None))
             st.pending_prompt = []
-            st.pieces.append(_Piece(output_ids, sampled=True, logprobs=logprobs))
+            st.add_piece(_Piece(output_ids, sampled=True, logprobs=logprobs))
             assistant = conv.add_assistant(output_ids, logprobs)
             text = _assistant_text(assistant)
             calls, errors = _parse(text)
@@ -259,8 +305,9 @@ async def run_agent(
     finally:
         release = getattr(llm.balancer, "release", None)
         if release is not None:
-            release(job.trajectory_id)
+            release(job.job_id)
 
+    st.check(conv.prompt_ids, exact=False)
     st.metrics["turns"] = float(len(st.turns))
     st.metrics["run_agent_s"] = time.monotonic() - started
     # The tool schemas the policy was shown, so a trainer can re-render the same prompt (ProRL's ``tools``).

@@ -1,8 +1,9 @@
 """The agent's tools: their JSON schemas (shown to the policy) and their dispatch to a sandbox's tool client.
 
-A tool failure the policy caused or can react to (bad arguments, a failing command, a timeout, a missing
-kernel) becomes an *observation* the policy reads; only failures of the infrastructure itself (the sandbox
-died, the tool server is gone) propagate as :class:`~raas.errors.RaasError` so the job is filtered.
+A tool failure the policy caused or can react to (bad arguments, a failing command, a command that ran past
+its own timeout, a missing kernel) becomes an *observation* the policy reads; failures of the infrastructure
+itself (the sandbox died, its tool server stopped answering) propagate as :class:`~raas.errors.RaasError` so
+the job is filtered. Which is which is :func:`raas.errors.is_infrastructure`'s call, not this module's.
 """
 
 from __future__ import annotations
@@ -12,15 +13,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from raas.errors import RaasError
-from raas.pipeline.metrics import observe_tool
+from raas.core.metrics import observe_tool
+from raas.errors import RaasError, is_infrastructure
 
 if TYPE_CHECKING:
     from raas.sandbox import Sandbox
     from raas.sandbox.models import BashResult, IPythonResult
-
-FATAL_KINDS = frozenset({"sandbox_dead", "sandbox_start_failed", "internal", "cancelled"})
-"""Error kinds that end the job: the environment is gone, not the policy's doing."""
 
 TERMINAL_TOOLS = frozenset({"finish", "submit"})
 
@@ -31,7 +29,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "function",
         "function": {
             "name": "bash",
-            "description": "Run a bash command in a persistent shell in the sandbox and return its output.",
+            "description": "Run a bash command in a persistent shell in the sandbox and return its output. "
+            "A command that waits for keyboard input returns early and keeps running: call bash again "
+            "with is_input=true to type into it.",
             "parameters": {
                 "type": "object",
                 "properties": {
@@ -39,6 +39,12 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                     "timeout": {
                         "type": "number",
                         "description": "Seconds before the command is interrupted.",
+                    },
+                    "is_input": {
+                        "type": "boolean",
+                        "description": "Send `command` as input to the program still running in the shell "
+                        '(include "\\n" for Enter; "C-c", "C-d" or "C-z" send those keys) instead of '
+                        "running it as a new command.",
                     },
                 },
                 "required": ["command"],
@@ -173,6 +179,11 @@ def _format_bash(r: BashResult) -> str:
         notes.append("the command timed out and was interrupted")
     if r.restarted:
         notes.append("the shell was restarted")
+    if r.waiting_for_input:
+        notes.append(
+            "the command is still running and waits for input: call bash with is_input=true to type "
+            'into it (e.g. "y\\n"), or "C-c" to interrupt it'
+        )
     tail = f"\n[exit code {r.exit_code}]" if r.exit_code is not None else ""
     if notes:
         tail += "\n[" + "; ".join(notes) + "]"
@@ -252,7 +263,11 @@ class ToolSet:
             if name == "bash":
                 timeout = arguments.get("timeout")
                 t = min(float(timeout), timeout_s) if timeout else timeout_s
-                text = _format_bash(await sandbox.tools.bash(str(arguments["command"]), timeout=t))
+                if arguments.get("is_input"):
+                    result = await sandbox.tools.bash_send(str(arguments["command"]), timeout=t)
+                else:
+                    result = await sandbox.tools.bash(str(arguments["command"]), timeout=t)
+                text = _format_bash(result)
             elif name == "ipython":
                 text = _format_ipython(await sandbox.tools.ipython(str(arguments["code"]), timeout=timeout_s))
             elif name == "str_replace_editor":
@@ -262,7 +277,7 @@ class ToolSet:
             else:
                 raise RaasError(f"tool {name} has no dispatcher", kind="internal")
         except RaasError as e:
-            if e.kind in FATAL_KINDS:
+            if is_infrastructure(e.kind):
                 raise
             return Observation(
                 truncate(f"Error ({e.kind}): {e.message}", cap_bytes), is_error=True, kind=e.kind

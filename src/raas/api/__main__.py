@@ -36,6 +36,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="NAME=MODULE:CLASS",
         help="register an extra task handler (repeatable)",
     )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="serve a non-loopback --host without RAAS_API_TOKEN (anyone who reaches it can submit jobs)",
+    )
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -60,6 +66,7 @@ def build_config(args: argparse.Namespace) -> ServiceConfig:
         "max_pending",
         "default_timeout_s",
         "shutdown_grace_s",
+        "insecure",
     )
     overrides = {k: getattr(args, k) for k in keys}
     if handlers:

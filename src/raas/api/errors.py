@@ -1,7 +1,10 @@
-"""How raas errors look on the wire: an HTTP status chosen by ``kind`` and a ``{stage, kind, message}`` body.
+"""How raas errors look on the wire: an HTTP status chosen by ``kind`` and one body shape, the OpenAPI
+schema ``ErrorBody``: ``{"detail": message, "error": {stage, kind, message}}`` (plus ``errors``, the
+per-field problems, on a 422).
 
-Every error body also carries ``detail`` (FastAPI's and the ProRL server's convention), so clients of
-either API read a clear message.
+``detail`` is FastAPI's and the ProRL server's field, so clients of either API read a clear message.
+Every error path answers in this shape: raas's typed errors, validation errors, Starlette's HTTP errors
+(404, 405), unexpected exceptions (500), and the guards that run before routing (401, 408, 413, 503).
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from raas.errors import RaasError
-from raas.pipeline.service import Overloaded
+from raas.pipeline.admission import Overloaded
 
 STATUS_OF_KIND: dict[str, int] = {
     "bad_request": 400,
@@ -50,6 +54,19 @@ def _summarize(errors: list[Any]) -> str:
     return "invalid request: " + "; ".join(parts) + more
 
 
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route accepts for this request's path (asked of the routes themselves)."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in HTTP_METHODS
+        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)
+    ]
+
+
 def install(app: FastAPI) -> None:
     """Map RaasError, validation errors and HTTP errors to the uniform body."""
 
@@ -59,9 +76,16 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
+        errors = [
+            {
+                "loc": [str(x) for x in e.get("loc", ())],
+                "msg": str(e.get("msg", "invalid")),
+                "type": str(e.get("type", "value_error")),
+            }
+            for e in exc.errors()
+        ]
         body = error_body("bad_request", _summarize(errors))
-        body["errors"] = [{**e, "loc": [str(x) for x in e.get("loc", ())]} for e in errors]
+        body["errors"] = errors
         return JSONResponse(body, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
@@ -69,8 +93,18 @@ def install(app: FastAPI) -> None:
         kind = {401: "unauthorized", 404: "not_found", 405: "bad_request", 413: "payload_too_large"}.get(
             exc.status_code, "bad_request" if exc.status_code < 500 else "internal"
         )
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            # Starlette names only the first route that matched the path; a path served by several
+            # routes (GET and DELETE /v1/jobs/{job_id}) allows all their methods.
+            headers["Allow"] = ", ".join(allowed_methods(request))
+        return JSONResponse(error_body(kind, str(exc.detail)), status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not a bad request: answer in the documented shape (Starlette re-raises the exception
+        # after this response, so the server still logs it with its traceback).
         return JSONResponse(
-            error_body(kind, str(exc.detail)),
-            status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
+            error_body("internal", f"internal error ({type(exc).__name__}); see the service log"),
+            status_code=500,
         )

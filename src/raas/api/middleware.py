@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from collections.abc import Callable
@@ -11,6 +12,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from raas.api.errors import error_body
 
 OPEN_PATHS = frozenset({"/healthz"})
+GATEWAY_PREFIX = "/gateway/"
+"""The agent gateway's routes: each request carries its rollout's own key instead of the API token."""
 
 
 async def _send_json(
@@ -31,13 +34,29 @@ async def _send_json(
     await send({"type": "http.response.body", "body": data})
 
 
-class GuardMiddleware:
-    """Rejects bodies over ``max_bytes`` with 413 (before parsing) and, when a token is configured,
-    requests without ``Authorization: Bearer <token>`` with 401 — on every path but ``/healthz``."""
+BATCH_PATH = "/v1/jobs:batch"
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int, token: Callable[[], str | None]) -> None:
+
+class GuardMiddleware:
+    """Rejects bodies over the cap with 413 (before parsing; ``max_batch_bytes`` for batches,
+    ``max_bytes`` for every other route), bodies that do not arrive within ``body_timeout_s`` with 408
+    and, when a token is configured, requests without ``Authorization: Bearer <token>`` with 401 — on
+    every path but ``/healthz`` and the agent gateway's (``/gateway/...``, which check their rollout's own
+    key). The size of an accepted body is left in ``request.state.body_bytes``."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_bytes: int,
+        token: Callable[[], str | None],
+        max_batch_bytes: int | None = None,
+        body_timeout_s: float | None = None,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_batch_bytes = max_bytes if max_batch_bytes is None else max_batch_bytes
+        self.body_timeout_s = body_timeout_s
         self.token = token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -45,7 +64,8 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         expected = self.token()
-        if expected and scope.get("path") not in OPEN_PATHS:
+        path = str(scope.get("path", ""))
+        if expected and path not in OPEN_PATHS and not path.startswith(GATEWAY_PREFIX):
             given = b""
             for name, value in scope.get("headers", []):
                 if name == b"authorization":
@@ -62,6 +82,11 @@ class GuardMiddleware:
                     [(b"www-authenticate", b"Bearer")],
                 )
                 return
+        limit, setting = (
+            (self.max_batch_bytes, "max_batch_bytes")
+            if scope.get("path") == BATCH_PATH
+            else (self.max_bytes, "max_request_bytes")
+        )
         declared = None
         for name, value in scope.get("headers", []):
             if name == b"content-length":
@@ -70,26 +95,41 @@ class GuardMiddleware:
                 except ValueError:
                     await _send_json(send, 400, error_body("bad_request", "invalid Content-Length"), [])
                     return
-        if declared is not None and declared > self.max_bytes:
-            await _send_json(send, 413, error_body("payload_too_large", self._too_large()), [])
+        if declared is not None and declared > limit:
+            await _send_json(send, 413, error_body("payload_too_large", _too_large(limit, setting)), [])
             return
         if scope.get("method") in ("POST", "PUT", "PATCH"):
-            # Read (at most max_bytes + 1) before the app does, so a chunked upload cannot exceed the cap.
+            # Read (at most limit + 1) before the app does, so a chunked upload cannot exceed the cap.
             chunks: list[bytes] = []
             size = 0
             more = True
-            while more:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > self.max_bytes:
-                    await _send_json(send, 413, error_body("payload_too_large", self._too_large()), [])
-                    return
-                chunks.append(chunk)
-                more = message.get("more_body", False)
+            try:
+                async with asyncio.timeout(self.body_timeout_s):
+                    while more:
+                        message = await receive()
+                        if message["type"] == "http.disconnect":
+                            return
+                        chunk = message.get("body", b"")
+                        size += len(chunk)
+                        if size > limit:
+                            await _send_json(
+                                send, 413, error_body("payload_too_large", _too_large(limit, setting)), []
+                            )
+                            return
+                        chunks.append(chunk)
+                        more = message.get("more_body", False)
+            except TimeoutError:
+                message_text = (
+                    f"request body not received within {self.body_timeout_s:g} s (http_body_timeout_s)"
+                )
+                # The rest of the body may still trickle in: close rather than wait for it.
+                await _send_json(
+                    send, 408, error_body("bad_request", message_text), [(b"connection", b"close")]
+                )
+                return
             body = b"".join(chunks)
+            del chunks
+            scope.setdefault("state", {})["body_bytes"] = size
             sent = False
 
             async def replay() -> Message:
@@ -103,5 +143,6 @@ class GuardMiddleware:
             return
         await self.app(scope, receive, send)
 
-    def _too_large(self) -> str:
-        return f"request body larger than {self.max_bytes} bytes"
+
+def _too_large(limit: int, setting: str) -> str:
+    return f"request body larger than {limit} bytes (the limit {setting} = {limit})"

@@ -6,13 +6,31 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from raas.pipeline.jobs import JobRequest, SubmitResponse
+from raas.core.jobs import JobRequest, SubmitResponse
+
+HTTP_URL_PATTERN = r"^\s*https?://[^\s/]"
+"""An inference server's base URL as the API accepts it (a trailing ``/`` or ``/v1`` is fine)."""
+
+
+class JobSubmission(JobRequest):
+    """A job as the API takes it: :class:`JobRequest`, with the schema saying what its validator demands
+    (``instance.data_source``, the task handler's name)."""
+
+    instance: dict[str, Any] = Field(
+        description="The task instance; data_source names its task handler",
+        json_schema_extra={
+            "required": ["data_source"],
+            "properties": {"data_source": {"type": "string", "minLength": 1}},
+        },
+    )
 
 
 class BatchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    jobs: list[JobRequest] = Field(min_length=1, max_length=10_000)
+    jobs: list[JobSubmission] = Field(
+        min_length=1, description="All or nothing; at most max_batch_jobs (default 1024) jobs"
+    )
 
 
 class BatchResponse(BaseModel):
@@ -22,7 +40,9 @@ class BatchResponse(BaseModel):
 class AddServerRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    address: str = Field(min_length=1, max_length=2048, description="Base URL; a trailing /v1 is accepted")
+    address: str = Field(
+        max_length=2048, pattern=HTTP_URL_PATTERN, description="Base URL; a trailing /v1 is accepted"
+    )
     weight_version: str | None = Field(None, max_length=256)
     kind: str = Field("auto", max_length=32, description="auto | vllm | sglang | llamacpp")
 
@@ -56,3 +76,60 @@ class StatusResponse(BaseModel):
 class OkResponse(BaseModel):
     ok: bool = True
     detail: str | None = None
+
+
+class ErrorDetail(BaseModel):
+    stage: str | None = Field(description="Where it failed: api, queue, init, run or eval")
+    kind: str = Field(description="What failed, e.g. bad_request, not_found, payload_too_large, overloaded")
+    message: str
+
+
+class FieldError(BaseModel):
+    loc: list[str] = Field(description="Path to the offending field")
+    msg: str
+    type: str
+
+
+class ErrorBody(BaseModel):
+    """Every error response of the API. ``error`` is the typed failure; ``detail`` repeats its message
+    (FastAPI's and the ProRL server's field, which their clients read)."""
+
+    detail: str
+    error: ErrorDetail
+    errors: list[FieldError] | None = Field(None, description="Per-field problems (422 only)")
+
+
+class ProcessFailure(BaseModel):
+    """An error answer of ProRL's ``/process``: an :class:`ErrorBody`, or — when the job ran but was
+    stopped or timed out — the job's result in the ProRL layout with ``detail`` saying what happened."""
+
+    model_config = ConfigDict(extra="allow")
+
+    detail: str
+
+
+ERROR_DESCRIPTIONS: dict[int, str] = {
+    400: "Bad request",
+    401: "Missing or wrong bearer token",
+    404: "Not found",
+    408: "The request body did not arrive in time (http_body_timeout_s)",
+    413: "Too large: the body, a batch or an instance is over its limit",
+    422: "The request does not match the schema",
+    429: "Full; retry after Retry-After seconds",
+    500: "Internal error",
+    503: "Unavailable (shutting down, no LLM layer, or too many connections)",
+    504: "Timed out",
+}
+
+BODY_ERRORS = (400, 408, 413, 422)
+"""What any route that reads a body may answer, before the route itself runs."""
+
+
+def error_responses(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for ``codes``, each an :class:`ErrorBody`; ``descriptions`` (``_404="..."``)
+    replace the generic text."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        text = descriptions.get(f"_{code}", ERROR_DESCRIPTIONS[code])
+        out[code] = {"model": ErrorBody, "description": text}
+    return out

@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 from urllib.parse import unquote
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from raas.api.models import AddServerRequest, BatchRequest, BatchResponse, OkResponse, ServersResponse
+from raas.api.models import (
+    BODY_ERRORS,
+    HTTP_URL_PATTERN,
+    AddServerRequest,
+    BatchRequest,
+    BatchResponse,
+    JobSubmission,
+    OkResponse,
+    ServersResponse,
+    error_responses,
+)
+from raas.core.jobs import JOB_ID_PATTERN, JobInfo, JobRequest, JobResult, SubmitResponse
 from raas.errors import RaasError
-from raas.pipeline.jobs import JOB_ID_PATTERN, JobInfo, JobRequest, JobResult, SubmitResponse
 from raas.pipeline.service import RolloutService
 
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="The job's id")]
@@ -20,7 +31,8 @@ SSE_HEARTBEAT_S = 15.0
 
 
 def service_of(request: Request) -> RolloutService:
-    return request.app.state.service  # type: ignore[no-any-return]
+    service: RolloutService = request.app.state.service
+    return service
 
 
 def normalize_address(address: str) -> str:
@@ -35,40 +47,52 @@ def normalize_address(address: str) -> str:
     return a
 
 
-def balancer_of(service: RolloutService) -> Any:
-    if service.balancer is None:
-        raise RaasError("the LLM layer is not available in this service", kind="unavailable", stage="api")
-    return service.balancer
+def json_size(value: Any) -> int:
+    """Bytes of ``value`` as compact UTF-8 JSON (what the ledger stores and memory holds, roughly)."""
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
-async def _call(value: Any) -> Any:
-    if asyncio.iscoroutine(value):
-        return await value
-    return value
+def check_job_sizes(request: Request, jobs: Sequence[JobRequest], *, batch: bool) -> None:
+    """413 for a batch over ``max_batch_jobs`` or an instance over ``max_instance_bytes``: every accepted
+    job is held in memory until it ends, so the cap on what one job may carry bounds the service's RSS.
+    Instances are measured only when the body is larger than the cap (a smaller body cannot hold one)."""
+    cfg = service_of(request).config
+    if batch and len(jobs) > cfg.max_batch_jobs:
+        raise RaasError(
+            f"jobs has {len(jobs)} entries, over the limit max_batch_jobs = {cfg.max_batch_jobs}; "
+            "split the batch",
+            kind="payload_too_large",
+            stage="api",
+        )
+    limit = cfg.max_instance_bytes
+    body_bytes = getattr(request.state, "body_bytes", None)
+    if body_bytes is not None and body_bytes <= limit:
+        return
+    for i, job in enumerate(jobs):
+        size = json_size(job.instance)
+        if size > limit:
+            where = f"jobs[{i}].instance" if batch else "instance"
+            raise RaasError(
+                f"{where} is {size} bytes as JSON, over the limit max_instance_bytes = {limit}",
+                kind="payload_too_large",
+                stage="api",
+            )
 
 
-router = APIRouter()
-
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"description": "Bad request (unknown data_source, invalid instance)"},
-    401: {"description": "Missing or wrong bearer token"},
-    413: {"description": "Request body too large"},
-    422: {"description": "Body does not match the schema"},
-}
+router = APIRouter(responses=error_responses(500, 503))
 
 
 @router.post(
     "/v1/jobs",
     status_code=202,
     response_model=SubmitResponse,
-    responses={
-        **_ERRORS,
-        429: {"description": "Full; retry after Retry-After seconds"},
-        503: {"description": "Shutting down"},
-    },
+    responses=error_responses(
+        *BODY_ERRORS, 401, 429, 503, _400="Unknown data_source or invalid instance", _503="Shutting down"
+    ),
 )
-async def submit_job(body: JobRequest, request: Request) -> SubmitResponse:
+async def submit_job(body: JobSubmission, request: Request) -> SubmitResponse:
     """Accept one job; idempotent on ``job_id``."""
+    check_job_sizes(request, [body], batch=False)
     return await service_of(request).submit(body)
 
 
@@ -76,18 +100,19 @@ async def submit_job(body: JobRequest, request: Request) -> SubmitResponse:
     "/v1/jobs:batch",
     status_code=202,
     response_model=BatchResponse,
-    responses={
-        **_ERRORS,
-        429: {"description": "Not enough room for the whole batch"},
-        503: {"description": "Shutting down"},
-    },
+    responses=error_responses(
+        *BODY_ERRORS, 401, 429, 503, _429="Not enough room for the whole batch", _503="Shutting down"
+    ),
 )
 async def submit_batch(body: BatchRequest, request: Request) -> BatchResponse:
     """Accept many jobs, all or nothing."""
+    check_job_sizes(request, body.jobs, batch=True)
     return BatchResponse(jobs=await service_of(request).submit_many(body.jobs))
 
 
-@router.get("/v1/jobs/{job_id}", response_model=JobInfo, responses={404: {"description": "Unknown job"}})
+@router.get(
+    "/v1/jobs/{job_id}", response_model=JobInfo, responses=error_responses(401, 404, 422, _404="Unknown job")
+)
 async def get_job(job_id: JobId, request: Request) -> JobInfo:
     return await service_of(request).get(job_id)
 
@@ -97,7 +122,7 @@ async def get_job(job_id: JobId, request: Request) -> JobInfo:
     response_model=JobResult,
     responses={
         202: {"model": JobInfo, "description": "Not finished yet"},
-        404: {"description": "Unknown job"},
+        **error_responses(401, 404, 422, _404="Unknown job"),
     },
 )
 async def get_result(
@@ -117,7 +142,9 @@ async def get_result(
     return Response(result.model_dump_json(), media_type="application/json")
 
 
-@router.delete("/v1/jobs/{job_id}", response_model=JobInfo, responses={404: {"description": "Unknown job"}})
+@router.delete(
+    "/v1/jobs/{job_id}", response_model=JobInfo, responses=error_responses(401, 404, 422, _404="Unknown job")
+)
 async def cancel_job(job_id: JobId, request: Request) -> JobInfo:
     """Stop the job wherever it is and release its sandboxes (idempotent)."""
     return await service_of(request).cancel(job_id)
@@ -126,7 +153,10 @@ async def cancel_job(job_id: JobId, request: Request) -> JobInfo:
 @router.get(
     "/v1/events",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}},
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"},
+        **error_responses(401, 422),
+    },
 )
 async def events(
     request: Request,
@@ -165,7 +195,7 @@ async def events(
 # -- inference servers ---------------------------------------------------------------------------------
 
 
-@router.get("/v1/llm/servers", response_model=ServersResponse)
+@router.get("/v1/llm/servers", response_model=ServersResponse, responses=error_responses(401))
 async def list_servers(request: Request) -> ServersResponse:
     return ServersResponse(servers=service_of(request).llm_servers())
 
@@ -173,13 +203,12 @@ async def list_servers(request: Request) -> ServersResponse:
 @router.post(
     "/v1/llm/servers",
     response_model=ServersResponse,
-    responses={400: {"description": "Bad address"}, 503: {"description": "No LLM layer"}},
+    responses=error_responses(*BODY_ERRORS, 401, 503, _400="Bad address", _503="No LLM layer"),
 )
 async def add_server(body: AddServerRequest, request: Request) -> ServersResponse:
     service = service_of(request)
-    balancer = balancer_of(service)
-    await _call(
-        balancer.add(normalize_address(body.address), weight_version=body.weight_version, kind=body.kind)
+    service.add_llm_server(
+        normalize_address(body.address), weight_version=body.weight_version, kind=body.kind
     )
     return ServersResponse(servers=service.llm_servers())
 
@@ -187,28 +216,34 @@ async def add_server(body: AddServerRequest, request: Request) -> ServersRespons
 @router.delete(
     "/v1/llm/servers/{address:path}",
     response_model=ServersResponse,
-    responses={404: {"description": "Unknown server"}, 503: {"description": "No LLM layer"}},
+    responses=error_responses(
+        400, 401, 404, 422, 503, _400="Bad address", _404="Unknown server", _503="No LLM layer"
+    ),
 )
-async def remove_server(address: str, request: Request) -> ServersResponse:
+async def remove_server(
+    address: Annotated[str, Path(pattern=HTTP_URL_PATTERN, description="The server's base URL")],
+    request: Request,
+) -> ServersResponse:
     service = service_of(request)
-    balancer = balancer_of(service)
-    target = normalize_address(unquote(address))
-    known = {str(s.get("address", "")).rstrip("/") for s in service.llm_servers()}
-    if target not in known:
-        raise RaasError(f"no LLM server {target!r}", kind="not_found", stage="api")
-    await _call(balancer.remove(target))
+    service.remove_llm_server(normalize_address(unquote(address)))
     return ServersResponse(servers=service.llm_servers())
 
 
 @router.post(
-    "/v1/llm/servers:clear", response_model=OkResponse, responses={503: {"description": "No LLM layer"}}
+    "/v1/llm/servers:clear",
+    response_model=OkResponse,
+    responses=error_responses(*BODY_ERRORS, 401, 503, _503="No LLM layer"),
 )
 async def clear_servers(request: Request) -> OkResponse:
-    await _call(balancer_of(service_of(request)).clear())
+    service_of(request).clear_llm_servers()
     return OkResponse(detail="cleared")
 
 
-@router.post("/v1/llm:pause", response_model=OkResponse, responses={503: {"description": "No LLM layer"}})
+@router.post(
+    "/v1/llm:pause",
+    response_model=OkResponse,
+    responses=error_responses(*BODY_ERRORS, 401, 503, _503="No LLM layer"),
+)
 async def pause(request: Request) -> OkResponse:
     """Hold new generate calls and wait for in-flight ones (weight sync); RUN stages do not time out for
     the time they spend paused."""
@@ -216,7 +251,11 @@ async def pause(request: Request) -> OkResponse:
     return OkResponse(detail="paused")
 
 
-@router.post("/v1/llm:resume", response_model=OkResponse, responses={503: {"description": "No LLM layer"}})
+@router.post(
+    "/v1/llm:resume",
+    response_model=OkResponse,
+    responses=error_responses(*BODY_ERRORS, 401, 503, _503="No LLM layer"),
+)
 async def resume(request: Request) -> OkResponse:
     await service_of(request).resume_llm()
     return OkResponse(detail="resumed")
@@ -231,11 +270,15 @@ async def healthz(request: Request) -> OkResponse:
     return OkResponse(detail="accepting" if service_of(request).accepting else "not accepting")
 
 
-@router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}}, **error_responses(401)},
+)
 async def metrics_endpoint(request: Request) -> Response:
     from prometheus_client import CONTENT_TYPE_LATEST
 
-    from raas.pipeline import metrics
+    from raas.core import metrics
 
     body = metrics.render(service_of(request).gauges)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

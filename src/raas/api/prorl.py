@@ -28,10 +28,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from raas.api.errors import error_body
-from raas.api.models import StatusResponse
-from raas.api.native import _call, balancer_of, normalize_address, service_of
+from raas.api.models import BODY_ERRORS, ProcessFailure, StatusResponse, error_responses
+from raas.api.native import check_job_sizes, normalize_address, service_of
+from raas.core.jobs import JobRequest, JobResult, valid_job_id
 from raas.errors import RaasError
-from raas.pipeline.jobs import JobRequest, JobResult, valid_job_id
 from raas.pipeline.service import RolloutService
 
 NOT_RUNNING = "Server is not running. Please start the server first."
@@ -68,7 +68,8 @@ class ProRLGate:
 
 
 def gate_of(request: Request) -> ProRLGate:
-    return request.app.state.prorl  # type: ignore[no-any-return]
+    gate: ProRLGate = request.app.state.prorl
+    return gate
 
 
 def _detail(status: int, message: str, kind: str, extra: dict[str, Any] | None = None) -> JSONResponse:
@@ -151,10 +152,14 @@ def prorl_result(result: JobResult) -> dict[str, Any]:
     return native
 
 
-router = APIRouter()
+router = APIRouter(responses=error_responses(500, 503))
 
 
-@router.post("/start", response_model=StatusMessage, responses={400: {"description": "Already running"}})
+@router.post(
+    "/start",
+    response_model=StatusMessage,
+    responses=error_responses(*BODY_ERRORS, 401, 503, _400="Already running", _503="Shutting down"),
+)
 async def start(request: Request) -> Any:
     gate = gate_of(request)
     if gate.running:
@@ -165,7 +170,11 @@ async def start(request: Request) -> Any:
     return StatusMessage(status="Server started successfully")
 
 
-@router.post("/stop", response_model=StatusMessage, responses={503: {"description": "Not running"}})
+@router.post(
+    "/stop",
+    response_model=StatusMessage,
+    responses=error_responses(*BODY_ERRORS, 401, 503, _503="Not running"),
+)
 async def stop(request: Request) -> Any:
     gate = gate_of(request)
     if not gate.running:
@@ -178,7 +187,7 @@ async def stop(request: Request) -> Any:
     return StatusMessage(status="Server stopped successfully")
 
 
-@router.get("/status", response_model=StatusResponse)
+@router.get("/status", response_model=StatusResponse, responses=error_responses(401))
 async def status(request: Request) -> StatusResponse:
     service = service_of(request)
     snap = service.status()
@@ -187,7 +196,11 @@ async def status(request: Request) -> StatusResponse:
     )
 
 
-@router.post("/cancel", response_model=StatusMessage, responses={503: {"description": "Not running"}})
+@router.post(
+    "/cancel",
+    response_model=StatusMessage,
+    responses=error_responses(*BODY_ERRORS, 401, 503, _503="Not running"),
+)
 async def cancel(body: CancelRequest, request: Request) -> Any:
     if not gate_of(request).running:
         return _detail(503, NOT_RUNNING, "unavailable")
@@ -203,32 +216,37 @@ async def cancel(body: CancelRequest, request: Request) -> Any:
 @router.post(
     "/add_llm_server",
     response_model=StatusMessage,
-    responses={400: {"description": "Bad address"}, 503: {"description": "No LLM layer"}},
+    responses=error_responses(*BODY_ERRORS, 401, 503, _400="Bad address", _503="No LLM layer"),
 )
 async def add_llm_server(body: LLMServerRequest, request: Request) -> StatusMessage:
-    balancer = balancer_of(service_of(request))
+    service = service_of(request)
     address = normalize_address(body.address)
-    known = {str(s.get("address", "")).rstrip("/") for s in service_of(request).llm_servers()}
+    known = {str(s.get("address", "")).rstrip("/") for s in service.llm_servers()}
     if address not in known:
-        await _call(balancer.add(address))
+        service.add_llm_server(address)
     return StatusMessage(status=f"Added LLM server address: {body.address}")
 
 
 @router.post(
-    "/clear_llm_server", response_model=StatusMessage, responses={503: {"description": "No LLM layer"}}
+    "/clear_llm_server",
+    response_model=StatusMessage,
+    responses=error_responses(*BODY_ERRORS, 401, 503, _503="No LLM layer"),
 )
 async def clear_llm_server(request: Request) -> StatusMessage:
-    await _call(balancer_of(service_of(request)).clear())
+    service_of(request).clear_llm_servers()
     return StatusMessage(status="Cleared all LLM server addresses")
 
 
 @router.post(
     "/process",
     responses={
-        400: {"description": "Unknown data_source or invalid instance"},
-        429: {"description": "Full"},
-        503: {"description": "Stopped, no LLM server, or stopped while processing"},
-        504: {"description": "The job timed out (the body carries its result)"},
+        200: {"description": "The job's result in the ProRL layout (raas's fields next to the reference's)"},
+        **error_responses(*BODY_ERRORS, 401, 429, _400="Unknown data_source or invalid instance"),
+        503: {
+            "model": ProcessFailure,
+            "description": "Stopped, no LLM server, or stopped while processing (then with the result)",
+        },
+        504: {"model": ProcessFailure, "description": "The job timed out (the body carries its result)"},
     },
 )
 async def process(body: ProcessRequest, request: Request) -> Any:
@@ -245,6 +263,7 @@ async def process(body: ProcessRequest, request: Request) -> Any:
         job = JobRequest(instance=body.instance, sampling_params=body.sampling_params, job_id=body.job_id)
     except ValueError as exc:
         return _detail(400, f"Invalid dataset type or function not registered: {exc}", "bad_request")
+    check_job_sizes(request, [job], batch=False)
     try:
         accepted = await service.submit(job)
     except RaasError as exc:

@@ -2,9 +2,19 @@
 
 Each trajectory is pinned to one server (its prefix stays in that server's KV cache), chosen by the
 fewest in-flight requests with ties rotating. A server that stops answering is marked unhealthy, its
-trajectories fail over to the others, and a background health check brings it back. ``pause()`` stops
-new requests and waits for in-flight ones to finish so a trainer can swap weights; every result is
-stamped with the weight version of the server that produced it.
+trajectories fail over to the others, and a background health check brings it back.
+
+Weight sync is exact: every ``generate()`` call is admitted through a gate that ``pause()`` takes as a
+writer. A call counts as in flight from admission until it returns, across all its attempts (retries,
+failover to another server, the health check it may run when no server is healthy), so ``pause()``
+returns only when no admitted call can still send anything; calls arriving while paused wait for
+``resume()``. Between ``pause()`` returning and ``resume()`` the balancer sends nothing to any server
+(the background health check skips its rounds too), and every result is stamped with the weight version
+its server had when the attempt that produced it was sent.
+
+Every attempt is timed into ``raas_llm_attempt_seconds{server, outcome}``: ``ok``, ``failover`` (the
+server failed and the call moved on to another), ``error`` (the call failed with this attempt) or
+``cancelled``.
 """
 
 from __future__ import annotations
@@ -12,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from raas.core.metrics import observe_llm_attempt
 from raas.errors import RaasError
 from raas.llm.servers import ServerClient, detect_kind, make_client
 from raas.llm.types import GenerateResult, LLMUnavailable, SamplingParams
@@ -69,7 +81,7 @@ class LLMBalancer:
         self._open.set()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._in_flight = 0
+        self._admitted = 0
         self._health_task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -154,7 +166,8 @@ class LLMBalancer:
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight
+        """``generate()`` calls admitted and not yet returned (each counts once, whatever its attempts)."""
+        return self._admitted
 
     @property
     def paused(self) -> bool:
@@ -162,12 +175,27 @@ class LLMBalancer:
 
     # -- weight sync -------------------------------------------------------------------------------
     async def pause(self) -> None:
-        """Stop starting new requests and wait until every in-flight request has finished."""
+        """Stop admitting ``generate()`` calls and wait until every admitted one has returned, all its
+        retries and failovers included. When this returns, nothing is sent to any server until
+        :meth:`resume`."""
         self._open.clear()
-        await self._idle.wait()
+        while self._admitted:
+            await self._idle.wait()
 
     def resume(self) -> None:
         self._open.set()
+
+    async def _admit(self) -> None:
+        # Event.wait() can return after a later pause() cleared the gate again: re-check before counting.
+        while not self._open.is_set():
+            await self._open.wait()
+        self._admitted += 1
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        self._admitted -= 1
+        if self._admitted == 0:
+            self._idle.set()
 
     # -- routing -----------------------------------------------------------------------------------
     def _choose(self, exclude: set[str]) -> _Server | None:
@@ -221,64 +249,78 @@ class LLMBalancer:
         trajectory_id: str | None = None,
     ) -> GenerateResult:
         """Generate on the trajectory's server (pinning it on first use), failing over on errors
-        that mean the server is gone."""
+        that mean the server is gone. Waits while the balancer is paused."""
         sampling = sampling or SamplingParams()
-        await self._open.wait()
+        await self._admit()
+        try:
+            return await self._generate(prompt_ids, sampling, trajectory_id)
+        finally:
+            self._leave()
+
+    async def _generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, trajectory_id: str | None
+    ) -> GenerateResult:
         tried: set[str] = set()
         last_error = "no inference server registered"
-        for _ in range(self.max_failovers + 1):
-            state = None
-            if trajectory_id is not None:
-                pinned = self._servers.get(self._pins.get(trajectory_id, ""))
-                if pinned is not None and pinned.healthy and pinned.address not in tried:
-                    state = pinned
-            if state is None:
-                state = self._choose(tried)
-            if state is None and not tried:
-                await self.check_health()
-                state = self._choose(tried)
-            if state is None:
-                break
-            if trajectory_id is not None:
-                self._pin(trajectory_id, state)
-            tried.add(state.address)
-            self._begin(state)
-            try:
-                client = await self._client(state)
-                result = await client.generate(prompt_ids, sampling)
-            except LLMUnavailable as exc:
-                last_error = exc.message
-                self._mark_unhealthy(state, exc.message)
-                continue
-            except RaasError as exc:
-                if exc.kind == "llm_unavailable":
+        failed: tuple[str, float] | None = None  # the last attempt that failed over: (server, seconds)
+        try:
+            for _ in range(self.max_failovers + 1):
+                state = None
+                if trajectory_id is not None:
+                    pinned = self._servers.get(self._pins.get(trajectory_id, ""))
+                    if pinned is not None and pinned.healthy and pinned.address not in tried:
+                        state = pinned
+                if state is None:
+                    state = self._choose(tried)
+                if state is None and not tried:
+                    await self.check_health()
+                    state = self._choose(tried)
+                if state is None:
+                    break
+                if failed is not None:
+                    observe_llm_attempt(failed[0], failed[1], "failover")
+                    failed = None
+                if trajectory_id is not None:
+                    self._pin(trajectory_id, state)
+                tried.add(state.address)
+                version = state.weight_version
+                state.in_flight += 1
+                started = time.perf_counter()
+                outcome = "error"
+                try:
+                    client = await self._client(state)
+                    result = await client.generate(prompt_ids, sampling)
+                    outcome = "ok"
+                except RaasError as exc:
+                    if exc.kind != "llm_unavailable":  # the server is there; the request is at fault
+                        raise
                     last_error = exc.message
                     self._mark_unhealthy(state, exc.message)
+                    outcome = "unavailable"
                     continue
-                raise
-            finally:
-                self._end(state)
-            state.requests += 1
-            state.prompt_tokens += len(prompt_ids)
-            if result.cached_tokens:
-                state.cached_tokens += int(result.cached_tokens)
-            if state.weight_version is not None:
-                result.weight_version = state.weight_version
-            elif result.extra.get("weight_version") is not None:
-                result.weight_version = str(result.extra["weight_version"])
-            return result
+                except asyncio.CancelledError:
+                    outcome = "cancelled"
+                    raise
+                finally:
+                    state.in_flight -= 1
+                    elapsed = time.perf_counter() - started
+                    if outcome == "unavailable":
+                        failed = (state.address, elapsed)
+                    else:
+                        observe_llm_attempt(state.address, elapsed, outcome)
+                state.requests += 1
+                state.prompt_tokens += len(prompt_ids)
+                if result.cached_tokens:
+                    state.cached_tokens += int(result.cached_tokens)
+                if version is not None:
+                    result.weight_version = version
+                elif result.extra.get("weight_version") is not None:
+                    result.weight_version = str(result.extra["weight_version"])
+                return result
+        finally:
+            if failed is not None:  # nothing was left to fail over to
+                observe_llm_attempt(failed[0], failed[1], "error")
         raise LLMUnavailable(f"no healthy inference server could serve the request: {last_error}")
-
-    def _begin(self, state: _Server) -> None:
-        state.in_flight += 1
-        self._in_flight += 1
-        self._idle.clear()
-
-    def _end(self, state: _Server) -> None:
-        state.in_flight -= 1
-        self._in_flight -= 1
-        if self._in_flight == 0:
-            self._idle.set()
 
     # -- health ------------------------------------------------------------------------------------
     async def check_health(self) -> None:
@@ -301,5 +343,7 @@ class LLMBalancer:
     async def _health_loop(self) -> None:
         while not self._closed:
             await asyncio.sleep(self.health_interval_s)
+            if self.paused:  # weights are being swapped: a probe now would only mark servers unhealthy
+                continue
             with contextlib.suppress(Exception):
                 await self.check_health()

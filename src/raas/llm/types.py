@@ -22,6 +22,14 @@ class LLMUnavailable(RaasError):
     kind = "llm_unavailable"
 
 
+class LLMTimeout(RaasError):
+    """A server accepted the request but did not answer within the request timeout. Not the job's own
+    budget (kind ``timeout``): the job fails and is filtered; the server is not failed over, since a slow
+    server retried elsewhere only doubles the load."""
+
+    kind = "llm_timeout"
+
+
 class LLMError(RaasError):
     """The server refused the request or answered something raas cannot read."""
 
@@ -56,9 +64,10 @@ class SamplingParams(BaseModel):
 class GenerateResult:
     """What one generate call produced: exactly the sampled IDs and their logprobs.
 
-    ``logprobs[i]`` is ``None`` only where the server did not report one: llama.cpp reports a single
-    probability for the byte tokens that together make one multi-byte character (the last of them),
-    and none for bytes of a character cut off by ``max_tokens``. vLLM and SGLang report every token.
+    ``logprobs[i]`` is ``None`` exactly where the server did not report one, for every server kind (never
+    an invented 0.0). llama.cpp reports a single probability for the byte tokens that together make one
+    multi-byte character (the last of them), and none for bytes of a character cut off by ``max_tokens``;
+    vLLM and SGLang normally report every token, and a ``null`` they send stays ``None``.
     """
 
     output_ids: list[int]

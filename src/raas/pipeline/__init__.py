@@ -1,6 +1,4 @@
-"""raas.pipeline: job records (``jobs``), the durable ledger (``ledger``), the three-stage rollout service
-(``service``), its configuration (``config``), the event bus (``events``) and metrics (``metrics``).
-
-Kept free of imports on purpose: any layer may import ``raas.pipeline.metrics`` without pulling in the
-service.
-"""
+"""raas.pipeline: the rollout service (``service``) and its parts: wiring of the layers (``wiring``), the
+job table (``table``), admission (``admission``), the stage scheduler (``scheduler``), the budget clock
+(``clock``), results (``results``), endings (``endings``), the durable ledger (``ledger``), the
+configuration (``config``) and the event bus (``events``)."""

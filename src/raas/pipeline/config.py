@@ -10,35 +10,26 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from raas.agent.config import AgentConfig
+from raas.agent.config import AGENT_ALIASES, AgentConfig, agent_overrides
+from raas.core.policy import StagePolicy, StageTimeouts
 from raas.errors import RaasError
 
-AGENT_ALIASES: dict[str, str] = {"max_iterations": "max_turns"}
-"""Other clients' names for :class:`AgentConfig` fields in ``sampling_params`` (ProRL's turn limit is
-``max_iterations``). The field's own name wins when a job sends both."""
+__all__ = ["AGENT_ALIASES", "ServiceConfig", "agent_overrides"]
 
 
-def agent_overrides(sampling_params: dict[str, Any]) -> dict[str, Any]:
-    """The :class:`AgentConfig` settings a job's ``sampling_params`` carry, aliases resolved."""
-    overrides = {k: v for k, v in sampling_params.items() if k in AgentConfig.model_fields}
-    for alias, name in AGENT_ALIASES.items():
-        if alias in sampling_params and name not in overrides:
-            overrides[name] = sampling_params[alias]
-    return overrides
+def agent_config_for(base: AgentConfig, sampling_params: dict[str, Any]) -> AgentConfig:
+    """``base`` with the agent settings a job's ``sampling_params`` carry; ``bad_request`` when invalid."""
+    overrides = agent_overrides(sampling_params)
+    if not overrides:
+        return base
+    try:
+        return AgentConfig.model_validate({**base.model_dump(), **overrides})
+    except ValueError as exc:
+        raise RaasError(f"invalid agent settings in sampling_params: {exc}", kind="bad_request") from exc
 
 
 def _default_home() -> Path:
     return Path(os.environ.get("RAAS_HOME") or Path.home() / ".cache" / "raas")
-
-
-class StageTimeouts(BaseModel):
-    """Per-stage ceilings in seconds (None = only the job's total budget applies)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    init: float | None = Field(None, gt=0)
-    run: float | None = Field(None, gt=0)
-    eval: float | None = Field(None, gt=0)
 
 
 class ServiceConfig(BaseModel):
@@ -69,7 +60,13 @@ class ServiceConfig(BaseModel):
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After sent with 429")
 
     default_timeout_s: float = Field(600.0, gt=0, description="Per-job budget of in-stage time")
-    stage_timeouts: StageTimeouts = Field(default_factory=StageTimeouts)
+    stage_timeouts: StageTimeouts = Field(
+        default_factory=StageTimeouts, description="Per-stage ceilings for handlers that set none"
+    )
+    handler_policies: dict[str, StagePolicy] = Field(
+        default_factory=dict,
+        description="data_source -> stage policy (stage_timeouts, max_share) overriding the handler's own",
+    )
     hook_timeout_s: float = Field(10.0, gt=0, description="Ceiling for a handler's on_error hook")
     cancel_grace_s: float = Field(5.0, gt=0, description="How long an interrupted stage may take to unwind")
     shutdown_grace_s: float = Field(10.0, ge=0, description="How long shutdown lets in-flight jobs finish")
@@ -85,8 +82,31 @@ class ServiceConfig(BaseModel):
     max_attempts: int = Field(3, ge=1, description="Restarts a retry_on_restart job may survive")
 
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")
+    max_instance_bytes: int = Field(
+        1024 * 1024,
+        ge=1024,
+        description="Larger job instances (as JSON) get 413; pending jobs stay in memory",
+    )
+    max_batch_jobs: int = Field(1024, ge=1, description="Batches with more jobs get 413")
+    max_batch_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="Larger batch bodies (POST /v1/jobs:batch) get 413"
+    )
     max_wait_s: float = Field(300.0, gt=0, description="Longest long-poll a request may ask for")
     api_token: str | None = Field(None, description="Bearer token; RAAS_API_TOKEN overrides when set")
+    insecure: bool = Field(
+        False, description="Allow serving a non-loopback address without a token (anyone there can submit)"
+    )
+
+    http_header_timeout_s: float = Field(
+        10.0, gt=0, description="A connection must send complete request headers within this time"
+    )
+    http_body_timeout_s: float = Field(
+        120.0, gt=0, description="A request body must arrive within this time (else 408)"
+    )
+    http_keep_alive_s: float = Field(30.0, gt=0, description="Idle keep-alive connections close after this")
+    http_max_connections: int = Field(
+        2048, ge=8, description="Open connections; over it the longest-idle one is closed, or a 503 is sent"
+    )
 
     extra_handlers: dict[str, str] = Field(
         default_factory=dict, description="data_source -> 'module:Class' task handlers to register at start"

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from raas.pipeline.jobs import JobEvent
+from raas.core.jobs import JobEvent
 
 
 class Subscription:

@@ -8,6 +8,9 @@ After a crash, :meth:`Ledger.recover` turns whatever was in flight into ``failed
 All SQLite work runs on one writer thread with one connection; consecutive operations are grouped into one
 transaction (group commit), so the event loop never blocks on disk and thousands of transitions per second
 cost a few commits. WAL with ``synchronous=NORMAL`` survives a killed process (not a power cut).
+
+At open the ledger checks its integrity and refuses (:class:`LedgerCorrupt`) a file that is damaged, was
+emptied or replaced, or lost its write-ahead log after a crash: see :mod:`raas.pipeline.ledger_integrity`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import logging
 import queue
 import sqlite3
 import threading
@@ -23,12 +27,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
+from raas.core.jobs import TERMINAL, ErrorInfo, JobInfo, JobResult, JobStatus, Timing
 from raas.errors import RaasError
-from raas.pipeline.jobs import TERMINAL, ErrorInfo, JobInfo, JobResult, Timing
+from raas.pipeline import ledger_integrity as integrity
+from raas.pipeline.ledger_integrity import LedgerCorrupt
+
+__all__ = ["Ledger", "LedgerCorrupt", "LedgerJob", "Recovery"]
 
 T = TypeVar("T")
+log = logging.getLogger("raas.ledger")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -96,7 +105,7 @@ class LedgerJob:
     def info(self) -> JobInfo:
         return JobInfo(
             job_id=self.job_id,
-            status=self.status,  # type: ignore[arg-type]
+            status=cast(JobStatus, self.status),
             data_source=self.data_source,
             instance_id=self.instance_id,
             trajectory_id=self.trajectory_id,
@@ -187,13 +196,42 @@ class Ledger:
         self._ops.put(_STOP)
         await asyncio.to_thread(self._thread.join)
 
-    def _writer(self, ready: concurrent.futures.Future[None]) -> None:
+    def _connect(self) -> tuple[sqlite3.Connection, str]:
+        """Open the database after the integrity checks of :mod:`raas.pipeline.ledger_integrity`; mark the
+        ledger open in its identity file. Returns the connection and the ledger's id."""
+        identity = integrity.check_files(self.path)
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
+            integrity.quick_check(conn, self.path)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=5000")
             conn.executescript(_SCHEMA)
+            ledger_id = integrity.settle_identity(conn, self.path, identity)
+            integrity.write_identity(self.path, ledger_id, open_=True)
+        except BaseException:
+            conn.close()
+            raise
+        return conn, ledger_id
+
+    def _disconnect(self, conn: sqlite3.Connection, ledger_id: str) -> None:
+        """Fold the write-ahead log into the database, then mark the ledger closed (only once nothing
+        lives in the log alone), then close."""
+        try:
+            busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            if not busy:
+                integrity.write_identity(self.path, ledger_id, open_=False)
+        except Exception as exc:  # still close; the next start sees the ledger as not closed cleanly
+            log.warning("could not checkpoint the ledger %s on close: %s", self.path, exc)
+        finally:
+            conn.close()
+
+    def _writer(self, ready: concurrent.futures.Future[None]) -> None:
+        try:
+            conn, ledger_id = self._connect()
+        except RaasError as exc:
+            ready.set_exception(exc)
+            return
         except Exception as exc:  # an unusable path must surface as a typed error, not a dead thread
             ready.set_exception(RaasError(f"cannot open ledger {self.path}: {exc}", kind="internal"))
             return
@@ -216,7 +254,7 @@ class Ledger:
                 if work:
                     self._commit(conn, work)
         finally:
-            conn.close()
+            self._disconnect(conn, ledger_id)
 
     def _commit(self, conn: sqlite3.Connection, work: list[_Op]) -> None:
         """Run one batch in one transaction. Never raises: a failure is handed to whoever waits, as a

@@ -1,9 +1,14 @@
 """The sandbox interface shared by every backend, its configuration, and the backend factory.
 
 A backend only says *how to launch* the tool server (:meth:`Sandbox.build_launch`, a pure function of
-the config and paths, so command construction is unit-testable without the runtime installed). This
-class owns everything else: the scratch dirs, spawning, waiting for the ready line on a pipe, the
-tool client, death detection and a close() that always leaves nothing behind.
+the config, paths and identity, so command construction is unit-testable without the runtime installed).
+This class owns everything else: the host identity the sandbox runs as, private scratch dirs, spawning,
+waiting for the ready line on a pipe, the tool client, death detection and a close() that always leaves
+nothing behind.
+
+Inside a container backend, the first process is ``raas_toolserver.boot`` (see its docstring): it builds
+the sandbox's writable area (one size-capped tmpfs), its own capped devpts, the listening socket, makes
+every other mount read-only and drops every capability before the tool server starts.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ import asyncio
 import contextlib
 import importlib
 import os
+import re
 import shutil
 import signal
+import socket
 import stat
 import time
 from abc import ABC, abstractmethod
@@ -22,11 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from raas.errors import RaasError
 from raas.sandbox import procs
 from raas.sandbox.client import ToolClient
+from raas.sandbox.identity import SandboxIdentity, allocate_identity, current_identity, make_fresh_dir
 
 if TYPE_CHECKING:
     from raas.sandbox.models import BashResult, IPythonResult
@@ -34,6 +42,9 @@ if TYPE_CHECKING:
 READY_LINE = b"RAAS_TOOLSERVER_READY 1"
 INNER_RUN = "/.raas/run"
 INNER_LIB = "/.raas/lib"
+INNER_AREA = "/.raas/rw"
+# Image dirs the writable area is bound over inside container sandboxes (besides the workdir).
+WRITABLE_DIRS = ("/tmp", "/var/tmp", "/root", "/run", "/dev/shm")
 SOCKET_NAME = "tool.sock"
 # AF_UNIX sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
@@ -53,16 +64,39 @@ class SandboxConfig(BaseModel):
     workdir: str = "/workspace"
     env: dict[str, str] = Field(default_factory=dict)
     binds: list[str] = Field(default_factory=list, description="HOST:DEST[:ro|rw]")
-    command_timeout_s: float | None = None
+    command_timeout_s: float | None = Field(
+        300.0, gt=0, description="default limit of every bash/ipython call (None: no limit)"
+    )
     output_cap_bytes: int = 30000
-    memory_mb: int | None = None
-    file_size_mb: int | None = None
-    max_procs: int | None = None
+    memory_mb: int | None = Field(None, gt=0, description="RLIMIT_AS of every process in the sandbox")
+    file_size_mb: int | None = Field(
+        None, gt=0, description="RLIMIT_FSIZE: the largest file a process may write"
+    )
+    max_procs: int | None = Field(
+        None,
+        gt=0,
+        description="RLIMIT_NPROC: per sandbox when raas runs as root (a uid of its own), per user otherwise",
+    )
+    disk_mb: int | None = Field(
+        1024,
+        gt=0,
+        description="size of the sandbox's writable area (tmpfs, all writable dirs together); None: no cap",
+    )
+    max_ptys: int = Field(64, ge=4, le=4096, description="pseudo-terminals the sandbox may hold at once")
+    max_sessions: int = Field(32, ge=1, le=1024, description="bash sessions the tool server keeps at once")
+    writable: list[str] = Field(
+        default_factory=list,
+        description="image dirs besides workdir that become writable copies (copied into the writable area)",
+    )
+    liveness_timeout_s: float = Field(
+        5.0, gt=0, description="a tool server that does not answer a ping this long is dead"
+    )
     start_timeout_s: float = 60.0
     python: str = "python3"
     root_writes: Literal["tmpfs", "host"] = Field(
         default="tmpfs",
-        description="where writes to the image's root go: RAM, or a host dir under the scratch dir",
+        description="the writable area: a size-capped tmpfs (RAM), or a host dir under the scratch dir "
+        "(disk, not capped by disk_mb)",
     )
     extra_args: list[str] = Field(default_factory=list, description="extra runtime flags, backend-specific")
 
@@ -70,7 +104,13 @@ class SandboxConfig(BaseModel):
     @classmethod
     def _check_binds(cls, v: list[str]) -> list[str]:
         for b in v:
-            parse_bind(b)
+            _, dest, _ = parse_bind(b)
+            shadowed = [w for w in WRITABLE_DIRS if dest == w or dest.startswith(w + "/")]
+            if shadowed or dest == "/" or dest == "/.raas" or dest.startswith("/.raas/"):
+                raise ValueError(
+                    f"bind {b!r}: {dest} is inside the sandbox's own writable area or raas's /.raas; "
+                    "bind somewhere else (e.g. /mnt/...)"
+                )
         return v
 
     @field_validator("workdir")
@@ -78,6 +118,22 @@ class SandboxConfig(BaseModel):
     def _check_workdir(cls, v: str) -> str:
         if not v.startswith("/"):
             raise ValueError("workdir must be an absolute path")
+        return v
+
+    @model_validator(mode="after")
+    def _binds_outside_workdir(self) -> SandboxConfig:
+        for b in self.binds:
+            dest = parse_bind(b)[1]
+            if dest == self.workdir or dest.startswith(self.workdir.rstrip("/") + "/"):
+                raise ValueError(f"bind {b!r}: {dest} is inside the workdir, which the writable area covers")
+        return self
+
+    @field_validator("writable")
+    @classmethod
+    def _check_writable(cls, v: list[str]) -> list[str]:
+        for p in v:
+            if not p.startswith("/") or p.rstrip("/") in ("", "/.raas") or p.startswith("/.raas/"):
+                raise ValueError(f"writable dir {p!r} must be an absolute path outside /.raas")
         return v
 
     @field_validator("env")
@@ -117,6 +173,8 @@ class LaunchSpec:
     cwd: str | None = None
     # Paths the backend created and that close() must remove besides the scratch dir.
     extra_cleanup: list[Path] = field(default_factory=list)
+    # Pass the options (argv[1:] up to "--") through ``--args FD`` (bwrap): no command line shows host paths.
+    args_via_fd: bool = False
 
 
 class SandboxTools(ToolClient):
@@ -153,6 +211,8 @@ class Sandbox(ABC):
     """One running sandbox: a tool server reachable over ``<run_dir>/tool.sock``."""
 
     backend_name: ClassVar[str] = ""
+    # Container backends run under a uid of their own when raas is root; local and docker do not.
+    dedicated_identity: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -183,6 +243,7 @@ class Sandbox(ABC):
         self.started_at: float | None = None
         self.ready_s: float | None = None
         self.server_info: Any = None
+        self.identity: SandboxIdentity = current_identity()
         self._closed_event = asyncio.Event()
 
     # ---- paths -------------------------------------------------------------------------------------
@@ -192,7 +253,8 @@ class Sandbox(ABC):
 
     @property
     def workspace(self) -> Path:
-        """Host dir that appears at ``config.workdir`` inside (the local backend works in it directly)."""
+        """Host dir the ``local`` backend works in (and ``docker`` binds at ``config.workdir``); container
+        backends keep their workdir inside the sandbox's own writable area."""
         return self.scratch / "ws"
 
     @property
@@ -204,13 +266,46 @@ class Sandbox(ABC):
         return self.run_dir / SOCKET_NAME
 
     @property
-    def overlay_dir(self) -> Path:
-        """Host dir that receives writes to the image's root when ``root_writes="host"``."""
-        return self.scratch / "overlay"
+    def area_dir(self) -> Path:
+        """Host dir that is the sandbox's writable area when ``root_writes="host"``."""
+        return self.scratch / "rw"
 
     @property
     def log_path(self) -> Path:
         return self.scratch / "server.log"
+
+    # ---- host services the sandbox may reach (the agent gateway) -------------------------------------
+    def run_dir_inside(self) -> str:
+        """Where :attr:`run_dir` appears inside the sandbox (the local backend: its host path)."""
+        return INNER_RUN
+
+    def listen_in_run_dir(self, name: str) -> tuple[socket.socket, str]:
+        """A listening Unix socket ``run_dir/name`` for a host service that code in this sandbox may use,
+        e.g. the agent gateway; returns it and its path inside the sandbox.
+
+        Nothing else is reachable from inside, so this is the sandbox's only way out. The socket belongs
+        to the sandbox's uid (mode 0600): the run dir is that uid's alone, so no other sandbox or local
+        user can connect. It works on the read-only mount the run dir is inside, and after start."""
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name) or name == SOCKET_NAME:
+            raise RaasError(f"invalid socket name {name!r}", kind="bad_request")
+        if self._closed or not self.run_dir.is_dir():
+            raise RaasError(f"sandbox {self.id} is not running", kind="sandbox_dead")
+        path = self.run_dir / name
+        if len(str(path)) > MAX_SOCKET_PATH:
+            raise RaasError(f"socket path {path} is too long for AF_UNIX", kind="bad_request")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            sock.bind(str(path))
+            os.chmod(path, 0o600)
+            if self.identity.dedicated:
+                os.chown(path, self.identity.uid, self.identity.gid)
+            sock.listen(128)
+        except OSError as e:
+            sock.close()
+            raise RaasError(f"cannot listen on {path}: {e}", kind="sandbox_start_failed") from e
+        return sock, f"{self.run_dir_inside()}/{name}"
 
     # ---- backend hooks -----------------------------------------------------------------------------
     @abstractmethod
@@ -221,12 +316,55 @@ class Sandbox(ABC):
         """Backend-specific preparation before launch (image conversion, extra dirs). Blocking."""
         return None
 
+    def make_dirs(self) -> None:
+        """The sandbox's private host dirs (fresh, owner-only; the run dir belongs to the sandbox's uid)."""
+        ident = self.identity
+        make_fresh_dir(self.scratch, 0o711 if ident.dedicated else 0o700)
+        for d in self.sandbox_dirs():
+            make_fresh_dir(d, 0o700)
+            if ident.dedicated:
+                os.chown(d, ident.uid, ident.gid)
+
+    def sandbox_dirs(self) -> list[Path]:
+        """Host dirs the sandbox itself writes to (created by :meth:`make_dirs`)."""
+        dirs = [self.run_dir]
+        if self.config.root_writes == "host":
+            dirs.append(self.area_dir)
+        return dirs
+
     def server_args(self, socket: str, workdir: str) -> list[str]:
-        """Arguments of ``python3 -m raas_toolserver``."""
+        """Arguments of the tool server (after ``raas_toolserver.boot ... --``)."""
         args = ["--socket", socket, "--workdir", workdir, "--watch-stdin"]
         if self.config.output_cap_bytes:
             args += ["--output-cap", str(self.config.output_cap_bytes)]
+        args += ["--max-sessions", str(self.config.max_sessions)]
         return args
+
+    def rlimit_args(self) -> list[str]:
+        from raas.sandbox.limits import rlimit_args
+
+        out = []
+        for kv in rlimit_args(self.config.memory_mb, self.config.file_size_mb, self.config.max_procs):
+            out += ["--rlimit", kv]
+        return out
+
+    def container_boot_args(self, *, area_mount_point: str = INNER_AREA) -> list[str]:
+        """Boot options of a container sandbox: writable area, ptys, socket, read-only rest, no caps."""
+        cfg = self.config
+        args = ["--mount-ns", "--area", area_mount_point]
+        if cfg.root_writes == "tmpfs" and cfg.disk_mb is not None:
+            args += ["--disk-mb", str(cfg.disk_mb)]
+        args += ["--bind", f"ws:{cfg.workdir}", "--populate", cfg.workdir]
+        for i, path in enumerate(cfg.writable):
+            args += ["--bind", f"w{i}:{path}", "--populate", path]
+        for dest in WRITABLE_DIRS:
+            args += ["--bind-if", f"{dest.strip('/').replace('/', '-')}:{dest}"]
+        args += ["--ptys", str(cfg.max_ptys), "--listen", f"{INNER_RUN}/{SOCKET_NAME}", "--readonly-rest"]
+        return [*args, *self.rlimit_args(), "--drop-caps"]
+
+    def boot_command(self, python: str, boot_args: list[str], socket: str, workdir: str) -> list[str]:
+        """``python -m raas_toolserver.boot <boot args> -- <server args>``."""
+        return [python, "-m", "raas_toolserver.boot", *boot_args, "--", *self.server_args(socket, workdir)]
 
     # ---- state -------------------------------------------------------------------------------------
     @property
@@ -267,34 +405,14 @@ class Sandbox(ABC):
         self.started_at = time.time()
         t0 = time.perf_counter()
         try:
-            for d in (self.run_dir, self.workspace, self.home):
-                d.mkdir(parents=True, exist_ok=True)
-            self.workspace.chmod(0o777)
+            if self.dedicated_identity:
+                self.identity = await asyncio.to_thread(allocate_identity)
+            self.make_dirs()
             if len(str(self.socket_path)) > MAX_SOCKET_PATH:
                 raise RaasError(f"socket path {self.socket_path} is too long for AF_UNIX", kind="bad_request")
             await asyncio.to_thread(self.prepare)
             spec = self.build_launch()
-            env = dict(spec.env)
-            env[procs.ENV_KEY] = self.id
-            try:
-                log = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                try:
-                    self._proc = await asyncio.create_subprocess_exec(
-                        *spec.argv,
-                        # The server exits when this pipe closes: it dies with us, however we die.
-                        stdin=asyncio.subprocess.PIPE,
-                        stdout=asyncio.subprocess.PIPE,
-                        stderr=log,
-                        env=env,
-                        cwd=spec.cwd,
-                        start_new_session=True,
-                    )
-                finally:
-                    os.close(log)
-            except OSError as e:
-                raise RaasError(f"cannot launch {spec.argv[0]}: {e}", kind="sandbox_start_failed") from e
-            self.pid = self._proc.pid
-            self.pid_start = procs.start_time(self._proc.pid)
+            await self._spawn(spec)
             self._extra_cleanup = spec.extra_cleanup
             await self._wait_ready()
             self._client = await self._connect()
@@ -303,6 +421,47 @@ class Sandbox(ABC):
         except BaseException:
             await self.close()
             raise
+
+    async def _spawn(self, spec: LaunchSpec) -> None:
+        env = dict(spec.env)
+        env[procs.ENV_KEY] = self.id
+        argv: list[str] = list(spec.argv)
+        pass_fds: tuple[int, ...] = ()
+        args_fd = -1
+        if spec.args_via_fd:
+            # The runtime reads its options (everything before "--") from a memfd: no process shows a
+            # host path on its command line.
+            end = argv.index("--")
+            args_fd = os.memfd_create("raas-args", 0)
+            os.write(args_fd, b"".join(a.encode() + b"\0" for a in argv[1:end]))
+            os.lseek(args_fd, 0, os.SEEK_SET)
+            argv, pass_fds = [argv[0], "--args", str(args_fd), *argv[end:]], (args_fd,)
+        user: dict[str, Any] = {}
+        if self.identity.dedicated:
+            user = {"user": self.identity.uid, "group": self.identity.gid, "extra_groups": []}
+        try:
+            log = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                self._proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    # The server exits when this pipe closes: it dies with us, however we die.
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=log,
+                    env=env,
+                    cwd=spec.cwd,
+                    start_new_session=True,
+                    pass_fds=pass_fds,
+                    **user,
+                )
+            finally:
+                os.close(log)
+                if args_fd >= 0:
+                    os.close(args_fd)
+        except OSError as e:
+            raise RaasError(f"cannot launch {spec.argv[0]}: {e}", kind="sandbox_start_failed") from e
+        self.pid = self._proc.pid
+        self.pid_start = procs.start_time(self._proc.pid)
 
     async def _wait_ready(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -341,7 +500,11 @@ class Sandbox(ABC):
                 pass
 
     async def _connect(self) -> SandboxTools:
-        client = SandboxTools(str(self.socket_path), default_timeout=self.config.command_timeout_s)
+        client = SandboxTools(
+            str(self.socket_path),
+            default_timeout=self.config.command_timeout_s,
+            liveness_timeout_s=self.config.liveness_timeout_s,
+        )
         try:
             await client.connect()
             self.server_info = await client.ping()
@@ -433,6 +596,7 @@ class Sandbox(ABC):
 
     def _cleanup_sync(self) -> None:
         procs.kill_by_env(self.id)
+        self.identity.release()  # a dedicated uid: everything still running as it dies, then it is free
         for p in getattr(self, "_extra_cleanup", []):
             remove_tree(p)
         remove_tree(self.scratch)
@@ -482,4 +646,5 @@ def backend_class(name: str) -> type[Sandbox]:
             f"unknown sandbox backend {name!r}; known: {', '.join(BACKENDS)}", kind="bad_request"
         ) from None
     module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+    backend: type[Sandbox] = getattr(importlib.import_module(module), cls)
+    return backend

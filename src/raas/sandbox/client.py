@@ -1,16 +1,21 @@
 """Host-side asyncio client of the in-sandbox tool server.
 
 One Unix-socket connection carries any number of concurrent requests, matched to responses by id.
-A connection that drops fails every waiting call with ``sandbox_dead``; a call whose answer does not
-come in time fails with ``tool_timeout``. Tool-level limits (a command's timeout) are enforced by the
-server inside the sandbox; the client only adds a grace period on top, so a hung sandbox cannot hang
-the caller.
+A connection that drops fails every waiting call with ``sandbox_dead``. Tool-level limits (a command's
+timeout) are enforced by the server inside the sandbox; the client adds two things so that a wedged
+sandbox can never hang the caller:
+
+* a deadline per call: the call's own timeout plus a grace period, or the client's default for calls
+  without one (``tool_timeout`` when it passes); a bash call with only a no-output timeout has no fixed
+  deadline, since its output may legitimately keep it going;
+* a liveness check: while calls are in flight the client pings the server every ``liveness_interval_s``;
+  a server that does not answer within ``liveness_timeout_s`` (stopped, frozen, or its loop blocked)
+  fails every waiting call with ``sandbox_dead`` at once, and the client refuses further calls.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import io
 import itertools
@@ -29,13 +34,19 @@ from raas.sandbox.models import (
     ServerInfo,
 )
 from raas.toolserver.protocol import (
+    ATTACHMENT_KEY,
+    DEFAULT_MAX_ATTACHMENT,
     DEFAULT_MAX_FRAME,
     PROTOCOL_VERSION,
     ProtocolError,
+    attachment_size,
     decode_body,
-    encode_frame,
+    encode_message,
+    read_attachment,
     read_frame,
 )
+
+Reply = tuple[dict[str, Any], bytes | None]
 
 __all__ = ["ToolClient"]
 
@@ -48,24 +59,34 @@ class ToolClient:
         socket_path: str | os.PathLike[str],
         *,
         connect_timeout_s: float = 10.0,
-        request_timeout_s: float | None = None,
-        timeout_grace_s: float = 60.0,
+        request_timeout_s: float | None = 600.0,
+        timeout_grace_s: float = 30.0,
+        liveness_interval_s: float = 1.0,
+        liveness_timeout_s: float = 5.0,
         max_frame: int = DEFAULT_MAX_FRAME,
+        max_attachment: int = DEFAULT_MAX_ATTACHMENT,
     ) -> None:
-        """``request_timeout_s`` bounds calls that carry no timeout of their own (None: wait)."""
+        """``request_timeout_s`` bounds calls that carry no timeout of their own (None: no fixed deadline,
+        only the liveness check); ``liveness_interval_s`` 0 turns the liveness check off."""
         self.socket_path = str(socket_path)
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
         self.timeout_grace_s = timeout_grace_s
+        self.liveness_interval_s = liveness_interval_s
+        self.liveness_timeout_s = liveness_timeout_s
         self.max_frame = max_frame
+        self.max_attachment = max_attachment
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._watchdog: asyncio.Task[None] | None = None
+        self._pending: dict[int, asyncio.Future[Reply]] = {}
+        self._calls = 0  # calls in flight that the liveness check guards (pings excluded)
         self._ids = itertools.count(1)
         self._connect_lock = asyncio.Lock()
         self._write_lock = asyncio.Lock()
         self._closed = False
+        self._dead: RaasError | None = None
 
     # -- connection ------------------------------------------------------------------------------
 
@@ -83,6 +104,8 @@ class ToolClient:
         """Open the connection (again, if it dropped); a server that is not there is ``sandbox_dead``."""
         if self._closed:
             raise RaasError("tool client is closed", kind="sandbox_dead")
+        if self._dead is not None:
+            raise RaasError(self._dead.message, kind=self._dead.kind)
         async with self._connect_lock:
             if self.connected:
                 return
@@ -114,6 +137,8 @@ class ToolClient:
                     break
                 try:
                     msg = decode_body(body)
+                    n = attachment_size(msg, self.max_attachment)
+                    attachment = await read_attachment(reader, n) if ATTACHMENT_KEY in msg else None
                 except ProtocolError as exc:
                     error = RaasError(f"bad frame from the tool server: {exc.message}", kind="sandbox_dead")
                     break
@@ -130,7 +155,7 @@ class ToolClient:
                     continue
                 fut = self._pending.pop(req_id, None)
                 if fut is not None and not fut.done():
-                    fut.set_result(msg)
+                    fut.set_result((msg, attachment))
         except (ConnectionError, OSError) as exc:
             error = RaasError(f"the connection to the tool server broke: {exc}", kind="sandbox_dead")
         finally:
@@ -148,6 +173,11 @@ class ToolClient:
     async def close(self) -> None:
         """Close the connection; waiting calls fail with ``sandbox_dead``. Idempotent."""
         self._closed = True
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None and watchdog is not asyncio.current_task():
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watchdog
         task, self._reader_task = self._reader_task, None
         writer = self._writer
         self._drop_connection(RaasError("tool client closed", kind="sandbox_dead"))
@@ -171,55 +201,131 @@ class ToolClient:
     # -- requests ----------------------------------------------------------------------------
 
     async def request(
-        self, tool: str, op: str, args: dict[str, Any] | None = None, *, wait_s: float | None = None
+        self,
+        tool: str,
+        op: str,
+        args: dict[str, Any] | None = None,
+        *,
+        wait_s: float | None = None,
+        attachment: bytes | None = None,
+        deadline: bool = True,
     ) -> dict[str, Any]:
         """Send one request and return its ``result``; errors become :class:`RaasError` with the server's kind.
 
-        ``wait_s`` bounds the wait for the answer (default: ``request_timeout_s``).
+        ``wait_s`` bounds the wait for the answer (default: ``request_timeout_s``); with ``deadline``
+        False there is none and only the liveness check applies.
         """
+        result, _ = await self.request_with_attachment(
+            tool, op, args, wait_s=wait_s, attachment=attachment, deadline=deadline
+        )
+        return result
+
+    async def request_with_attachment(
+        self,
+        tool: str,
+        op: str,
+        args: dict[str, Any] | None = None,
+        *,
+        wait_s: float | None = None,
+        attachment: bytes | None = None,
+        deadline: bool = True,
+    ) -> Reply:
+        """Like :meth:`request`, also sending ``attachment`` and returning the reply's attachment."""
+        if self._dead is not None:
+            raise RaasError(self._dead.message, kind=self._dead.kind)
         if not self.connected:
             await self.connect()
         req_id = next(self._ids)
-        frame = encode_frame(
-            {"v": PROTOCOL_VERSION, "id": req_id, "tool": tool, "op": op, "args": args or {}}
+        parts = encode_message(
+            {"v": PROTOCOL_VERSION, "id": req_id, "tool": tool, "op": op, "args": args or {}}, attachment
         )
-        if len(frame) - 4 > self.max_frame:
+        if len(parts[0]) - 4 > self.max_frame:
             raise RaasError(
-                f"request of {len(frame) - 4} bytes exceeds the frame limit of {self.max_frame} bytes",
+                f"request of {len(parts[0]) - 4} bytes exceeds the frame limit of {self.max_frame} bytes",
                 kind="payload_too_large",
             )
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        if attachment is not None and len(attachment) > self.max_attachment:
+            raise RaasError(
+                f"{len(attachment)} bytes exceed the attachment limit of {self.max_attachment} bytes",
+                kind="payload_too_large",
+            )
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = fut
+        guarded = not (tool == "server" and op == "ping")
+        if guarded:
+            self._calls += 1
+            self._ensure_watchdog()
         writer = self._writer
         try:
             if writer is None:
                 raise RaasError("the tool server connection is gone", kind="sandbox_dead")
             try:
-                writer.write(frame)
+                writer.writelines(parts)
                 async with self._write_lock:
                     await writer.drain()
             except (ConnectionError, OSError) as exc:
                 raise RaasError(f"sending to the tool server failed: {exc}", kind="sandbox_dead") from None
-            limit = self.request_timeout_s if wait_s is None else wait_s
+            limit = (self.request_timeout_s if wait_s is None else wait_s) if deadline else None
             try:
                 async with asyncio.timeout(limit):
-                    msg = await fut
+                    msg, reply_attachment = await fut
             except TimeoutError:
                 raise RaasError(
                     f"{tool}.{op} got no answer from the tool server within {limit:g}s", kind="tool_timeout"
                 ) from None
         finally:
             self._pending.pop(req_id, None)
+            if guarded:
+                self._calls -= 1
         if msg.get("ok"):
             result = msg.get("result")
-            return result if isinstance(result, dict) else {}
+            return (result if isinstance(result, dict) else {}), reply_attachment
         err = msg.get("error") or {}
         raise RaasError(str(err.get("message", "tool server error")), kind=str(err.get("kind", "internal")))
+
+    # -- liveness ----------------------------------------------------------------------------------
+
+    def _ensure_watchdog(self) -> None:
+        if self.liveness_interval_s <= 0 or (self._watchdog is not None and not self._watchdog.done()):
+            return
+        self._watchdog = asyncio.create_task(self._watch_liveness(), name=f"raas-liveness-{self.socket_path}")
+
+    async def _watch_liveness(self) -> None:
+        """Ping while calls are in flight; a server that stops answering fails them all, fast."""
+        while self._calls > 0 and self.connected:
+            await asyncio.sleep(self.liveness_interval_s)
+            if self._calls <= 0 or not self.connected:
+                return
+            try:
+                await self.request("server", "ping", wait_s=self.liveness_timeout_s)
+            except RaasError as exc:
+                if exc.kind != "tool_timeout":
+                    return  # the connection broke: the read loop already failed every call
+                self._declare_dead(
+                    RaasError(
+                        f"the tool server stopped answering: no reply to a liveness ping within "
+                        f"{self.liveness_timeout_s:g}s (stopped, frozen or overloaded)",
+                        kind="sandbox_dead",
+                    )
+                )
+                return
+
+    def _declare_dead(self, error: RaasError) -> None:
+        self._dead = error
+        task, self._reader_task = self._reader_task, None
+        if task is not None:
+            task.cancel()
+        self._drop_connection(error)
 
     def _wait_for(self, timeout: float | None) -> float | None:
         if timeout is None:
             return self.request_timeout_s
         return timeout + self.timeout_grace_s
+
+    @property
+    def dead(self) -> RaasError | None:
+        """Why the client gave up on the server (a failed liveness check), or None."""
+        return self._dead
 
     # -- tools ---------------------------------------------------------------------------------
 
@@ -247,9 +353,46 @@ class ToolClient:
             args["no_output_timeout"] = no_output_timeout
         if output_cap is not None:
             args["output_cap"] = output_cap
-        bound = timeout if timeout is not None else no_output_timeout
+        # With only a no-output timeout the command may run as long as it keeps printing: no fixed
+        # deadline, the liveness check guards against a wedged server.
+        only_no_output = timeout is None and no_output_timeout is not None
         return BashResult.model_validate(
-            await self.request("bash", "run", args, wait_s=self._wait_for(bound))
+            await self.request(
+                "bash", "run", args, wait_s=self._wait_for(timeout), deadline=not only_no_output
+            )
+        )
+
+    async def bash_send(
+        self,
+        text: str = "",
+        *,
+        session: str = "default",
+        interrupt: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - enforced by the server inside the sandbox
+        no_output_timeout: float | None = None,
+        output_cap: int | None = None,
+    ) -> BashResult:
+        """Type ``text`` into the command still running in ``session`` and read on (``bash.send``).
+
+        For a command that returned ``waiting_for_input``: ``"y\n"`` answers a prompt, ``""`` just waits
+        for more output, ``"C-c"``/``"C-d"``/``"C-z"`` send those keys; ``interrupt=True`` stops the
+        command as a timeout would (SIGINT, then SIGKILL). The result has the output since the last call.
+        """
+        args: dict[str, Any] = {"session": session, "input": text}
+        if interrupt:
+            args["interrupt"] = True
+        if timeout is not None:
+            args["timeout"] = timeout
+        if no_output_timeout is not None:
+            args["no_output_timeout"] = no_output_timeout
+        if output_cap is not None:
+            args["output_cap"] = output_cap
+        # As for bash(): with only a no-output timeout there is no fixed deadline, the liveness check guards.
+        only_no_output = timeout is None and no_output_timeout is not None
+        return BashResult.model_validate(
+            await self.request(
+                "bash", "send", args, wait_s=self._wait_for(timeout), deadline=not only_no_output
+            )
         )
 
     async def bash_close(self, session: str) -> bool:
@@ -291,10 +434,10 @@ class ToolClient:
 
     async def upload_bytes(self, tar_bytes: bytes, dest: str, *, mode: int | None = None) -> int:
         """Extract a tar stream into directory ``dest`` in the sandbox; returns the number of files."""
-        args: dict[str, Any] = {"path": dest, "data_b64": base64.b64encode(tar_bytes).decode("ascii")}
+        args: dict[str, Any] = {"path": dest}
         if mode is not None:
             args["mode"] = mode
-        result = await self.request("files", "upload", args, wait_s=self._wait_for(0))
+        result = await self.request("files", "upload", args, attachment=tar_bytes)
         return int(result.get("files", 0))
 
     async def upload_dir(self, host_dir: str | os.PathLike[str], dest: str) -> int:
@@ -304,19 +447,19 @@ class ToolClient:
 
     async def download(self, path: str) -> bytes:
         """Tar stream of a file (one member) or of a directory's contents (names relative to it)."""
-        result = await self.request("files", "download", {"path": path}, wait_s=self._wait_for(0))
-        return base64.b64decode(result["data_b64"])
+        _, data = await self.request_with_attachment("files", "download", {"path": path})
+        return data or b""
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
         raw = data.encode("utf-8") if isinstance(data, str) else data
-        args: dict[str, Any] = {"path": path, "content_b64": base64.b64encode(raw).decode("ascii")}
+        args: dict[str, Any] = {"path": path}
         if mode is not None:
             args["mode"] = mode
-        await self.request("files", "write", args, wait_s=self._wait_for(0))
+        await self.request("files", "write", args, attachment=raw)
 
     async def read_file(self, path: str) -> bytes:
-        result = await self.request("files", "read", {"path": path}, wait_s=self._wait_for(0))
-        return base64.b64decode(result["content_b64"])
+        _, data = await self.request_with_attachment("files", "read", {"path": path})
+        return data or b""
 
 
 def tar_directory(root: Path) -> bytes:

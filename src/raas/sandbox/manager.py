@@ -6,16 +6,22 @@ enough for AF_UNIX sockets — the sandboxes' scratch dirs. A manager started on
 after a crash reaps what the dead run left: only processes proven to be its own (pid + start time +
 ``RAAS_SANDBOX_ID`` in ``/proc/PID/environ``), never by name.
 
-Sandboxes are also closed at interpreter exit (atexit) and on SIGTERM/SIGHUP when nobody else handles
-those signals; bwrap sandboxes additionally die with the host process (``--die-with-parent``) and
-local ones through ``setpriv --pdeathsig``.
+Sandboxes are also closed at interpreter exit (atexit) and, for programs that ask for it
+(:func:`install_signal_handlers`), on SIGTERM/SIGHUP; bwrap sandboxes additionally die with the host
+process (``--die-with-parent``), local ones through ``setpriv --pdeathsig``, and every tool server exits
+when the pipe from its host process closes.
+
+Directories: every directory raas creates is checked to be its own and private (another local user must
+not be able to plant or swap one). When raas runs as root, sandboxes run under uids of their own, which
+must be able to reach the tool-server bundle and their run dirs: those then live in a world-traversable
+(but not listable) scratch root instead of root's private home.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import compileall
+import builtins
 import contextlib
 import fcntl
 import hashlib
@@ -36,13 +42,43 @@ from typing import Any
 from raas.errors import RaasError
 from raas.sandbox import procs
 from raas.sandbox.base import MAX_SOCKET_PATH, Sandbox, SandboxConfig, backend_class, remove_tree
+from raas.sandbox.identity import make_private_dir, traversable_by_others
 
 log = logging.getLogger(__name__)
 
 # Budget: <root>/sb-<12 hex>/run/tool.sock, and ~45 bytes of sockets a sandbox makes in its home.
 SCRATCH_ROOT_MAX = MAX_SOCKET_PATH - 16 - 45
 _MANAGERS: weakref.WeakSet[SandboxManager] = weakref.WeakSet()
-_HOOKS_INSTALLED = False
+_ATEXIT_INSTALLED = False
+
+
+# Bundles built by this process: bundles dir -> (bundle, digest). Shared by its managers, checked per use.
+_BUNDLES: dict[Path, tuple[Path, dict[str, str]]] = {}
+_BUNDLES_LOCK = threading.Lock()
+
+
+def _checked_bundle(bundles_dir: Path) -> Path:
+    from raas.toolserver.bundle import build_bundle, reap_stale_bundles, verify_bundle
+
+    with _BUNDLES_LOCK:
+        known = _BUNDLES.get(bundles_dir)
+        if known is not None:
+            if verify_bundle(*known):
+                return known[0]
+            log.error("tool-server bundle %s changed on disk; building a fresh one", known[0])
+            remove_tree(known[0])
+        make_private_dir(bundles_dir, 0o755)
+        reap_stale_bundles(bundles_dir)
+        bundle, digest = build_bundle(bundles_dir)
+        _BUNDLES[bundles_dir] = (bundle, digest)
+        return bundle
+
+
+def _remove_own_bundles() -> None:
+    with _BUNDLES_LOCK:
+        for bundle, _ in _BUNDLES.values():
+            remove_tree(bundle)
+        _BUNDLES.clear()
 
 
 def new_sandbox_id() -> str:
@@ -52,6 +88,7 @@ def new_sandbox_id() -> str:
 def _atexit_close_all() -> None:
     for m in list(_MANAGERS):
         m.close_all_sync()
+    _remove_own_bundles()
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -60,17 +97,21 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     os.kill(os.getpid(), signum)
 
 
-def _install_exit_hooks() -> None:
-    """atexit always; SIGTERM/SIGHUP only where nobody installed a handler (a server installs its own)."""
-    global _HOOKS_INSTALLED
-    if _HOOKS_INSTALLED:
-        return
-    _HOOKS_INSTALLED = True
-    atexit.register(_atexit_close_all)
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(sig) is signal.SIG_DFL:
-                signal.signal(sig, _on_signal)
+def _install_atexit() -> None:
+    global _ATEXIT_INSTALLED
+    if not _ATEXIT_INSTALLED:
+        _ATEXIT_INSTALLED = True
+        atexit.register(_atexit_close_all)
+
+
+def install_signal_handlers() -> None:
+    """For programs without handlers of their own: close every manager's sandboxes on SIGTERM/SIGHUP
+    (then die of the signal as usual). Library code never installs signal handlers by itself."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("signal handlers can only be installed from the main thread")
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _on_signal)
 
 
 class SandboxManager:
@@ -84,34 +125,37 @@ class SandboxManager:
         default_lease_s: float | None = None,
     ) -> None:
         self.state_dir = Path(state_dir).absolute()
-        self.records_dir = self.state_dir / "records"
-        self.records_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.records_dir = make_private_dir(self.state_dir / "records", 0o700)
         self.scratch_root = Path(scratch_root).absolute() if scratch_root else self._default_scratch()
-        self.scratch_root.mkdir(parents=True, exist_ok=True)
+        self.scratch_root.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.scratch_root, 0o711 if os.geteuid() == 0 else 0o700)
         self.default_lease_s = default_lease_s
         self._pid = os.getpid()
         self._pid_start = procs.start_time(self._pid)
         self._live: dict[str, Sandbox] = {}
         self.started_ids: list[str] = []  # every id this manager ever used (leak checks, audits)
         self._lease_timers: dict[str, asyncio.TimerHandle] = {}
-        self._bundle: Path | None = None
         self._bundle_lock = asyncio.Lock()
         self._expiring: set[asyncio.Task[None]] = set()
         _MANAGERS.add(self)
-        _install_exit_hooks()
+        _install_atexit()
 
     # ---- paths -------------------------------------------------------------------------------------
     def _default_scratch(self) -> Path:
-        """``<state>/sb`` when short, else a short dir in /tmp.
+        """``<state>/sb`` when short (and, as root, reachable by the sandboxes' uids), else a short dir in
+        /var/tmp (disk-backed; /tmp may be RAM) named after the state dir, so a restart finds it again.
 
         AF_UNIX paths are limited to 107 bytes and a local sandbox's own programs (an IPython kernel's
         ``ipc://`` sockets under its temp dir) need room below the scratch dir too.
         """
         here = self.state_dir / "sb"
-        if len(str(here)) <= SCRATCH_ROOT_MAX:
+        root = os.geteuid() == 0
+        if len(str(here)) <= SCRATCH_ROOT_MAX and (not root or traversable_by_others(self.state_dir)):
             return here
         tag = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:10]
-        return Path(tempfile.gettempdir()) / f"raas-{os.geteuid()}-{tag}"
+        base = Path("/var/tmp") if Path("/var/tmp").is_dir() else Path(tempfile.gettempdir())
+        return base / f"raas-{os.geteuid()}-{tag}"
 
     def _record_path(self, sandbox_id: str) -> Path:
         return self.records_dir / f"{sandbox_id}.json"
@@ -134,26 +178,16 @@ class SandboxManager:
             self._record_path(sb.id).unlink()
 
     # ---- the bundle ----------------------------------------------------------------------------------
+    @property
+    def bundles_dir(self) -> Path:
+        """Where tool-server bundles live: beside the scratch dirs, so sandbox uids can reach them."""
+        return self.scratch_root / "bundles"
+
     async def bundle_dir(self) -> Path:
-        """The tool-server bundle (built once per manager; bound read-only into every sandbox)."""
+        """The tool-server bundle, bound read-only into every sandbox. Its digest is checked every time
+        it is handed out; a bundle that changed on disk is thrown away and a fresh one built."""
         async with self._bundle_lock:
-            if self._bundle is None:
-                self._bundle = await asyncio.to_thread(self._build_bundle)
-            return self._bundle
-
-    def _build_bundle(self) -> Path:
-        from raas.toolserver.bundle import build_bundle
-
-        # Content-addressed and shared by every manager of this state dir.
-        bundle = build_bundle(self.state_dir / "bundles")
-        # It is bound read-only, so the server could never cache its bytecode: compile it once here.
-        # (Used when the image's python3 has the host's minor version; ignored otherwise.)
-        if not any(bundle.rglob("__pycache__")):
-            compileall.compile_dir(str(bundle), quiet=2, workers=1)
-            for p in bundle.rglob("*"):
-                with contextlib.suppress(OSError):
-                    p.chmod(0o755 if p.is_dir() else 0o644)
-        return bundle
+            return await asyncio.to_thread(_checked_bundle, self.bundles_dir)
 
     # ---- starting ------------------------------------------------------------------------------------
     async def start(self, config: SandboxConfig, *, owner: str, lease_s: float | None = None) -> Sandbox:
@@ -244,13 +278,25 @@ class SandboxManager:
         self._release_scratch_root()
 
     def _release_scratch_root(self) -> None:
-        """A scratch root outside the state dir (the short /tmp one) goes once it is empty."""
-        if not self._live and not self.scratch_root.is_relative_to(self.state_dir):
+        """A scratch root outside the state dir (the short /var/tmp one) goes once no sandbox is left."""
+        if self._live or self.scratch_root.is_relative_to(self.state_dir):
+            return
+        from raas.toolserver.bundle import reap_stale_bundles
+
+        if self.bundles_dir.is_dir():
+            reap_stale_bundles(self.bundles_dir)
+        if any(m is not self and m.scratch_root == self.scratch_root and m._live for m in list(_MANAGERS)):
+            return
+        with _BUNDLES_LOCK:
+            known = _BUNDLES.pop(self.bundles_dir, None)
+        if known is not None:
+            remove_tree(known[0])
+        for d in (self.bundles_dir, self.scratch_root):
             with contextlib.suppress(OSError):
-                self.scratch_root.rmdir()
+                d.rmdir()
 
     # ---- reaping -------------------------------------------------------------------------------------
-    async def reap_stale(self) -> list[str]:
+    async def reap_stale(self) -> builtins.list[str]:
         """Reap sandboxes that a dead previous run of this state dir left behind; returns their ids."""
         return await asyncio.to_thread(self._reap_stale_sync)
 
@@ -263,8 +309,8 @@ class SandboxManager:
             return True  # ours
         return procs.is_same_process(pid, start)
 
-    def _reap_stale_sync(self) -> list[str]:
-        reaped: list[str] = []
+    def _reap_stale_sync(self) -> builtins.list[str]:
+        reaped: builtins.list[str] = []
         lock_fd = os.open(self.state_dir / ".reap.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)

@@ -19,6 +19,9 @@ class BashResult(_Result):
     interrupted: bool = False
     restarted: bool = False
     truncated: bool = False
+    waiting_for_input: bool = False
+    """The command is still running and blocked reading the terminal: give it input with
+    :meth:`~raas.sandbox.client.ToolClient.bash_send` (or interrupt it); ``exit_code`` is None."""
     cwd: str = ""
     session: str = "default"
 

@@ -46,7 +46,7 @@ def environ_value(pid: int, key: str = ENV_KEY) -> str | None:
     return None
 
 
-def _all_pids() -> Iterator[int]:
+def all_pids() -> Iterator[int]:
     with contextlib.suppress(OSError):
         for name in os.listdir("/proc"):
             if name.isdigit():
@@ -58,7 +58,7 @@ def pids_with_env(value: str, key: str = ENV_KEY) -> list[int]:
     me = os.getpid()
     uid = os.geteuid()
     found = []
-    for pid in _all_pids():
+    for pid in all_pids():
         if pid == me:
             continue
         if uid != 0:
@@ -75,7 +75,7 @@ def pids_with_env(value: str, key: str = ENV_KEY) -> list[int]:
 def pids_with_env_prefix(prefix: str, key: str = ENV_KEY) -> dict[int, str]:
     """Pids whose ``key`` value starts with ``prefix`` (leak checks), mapped to that value."""
     out: dict[int, str] = {}
-    for pid in _all_pids():
+    for pid in all_pids():
         if pid == os.getpid():
             continue
         value = environ_value(pid, key)

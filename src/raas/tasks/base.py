@@ -7,6 +7,9 @@ A handler sees a job in three stages, each run by its own worker pool:
   as soon as this returns, before EVAL.
 * ``eval``: score the result; open a fresh sandbox through ``env.sandboxes`` when tests must run.
 
+Optionally, :meth:`TaskHandler.prewarm_eval` starts what EVAL needs (a fresh sandbox) while RUN is still
+going; EVAL receives it as ``env.prewarmed``.
+
 The pipeline owns lifetimes: every sandbox opened through ``env.sandboxes`` is closed on success, error,
 timeout and cancel, whatever the handler does.
 """
@@ -18,30 +21,25 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from raas.agent.config import AgentConfig
-from raas.agent.trajectory import EvalOutput, RunOutput
+from raas.agent.context import LLMContext
+from raas.core.jobs import Job
+from raas.core.policy import StagePolicy
+from raas.core.trajectory import EvalOutput, RunOutput
 
 if TYPE_CHECKING:
-    from raas.llm import ChatTokenizer, LLMBalancer
     from raas.sandbox import Sandbox, SandboxConfig, SandboxManager
 
-
-@dataclass
-class Job:
-    """A job as a handler sees it."""
-
-    job_id: str
-    instance: dict[str, Any]
-    trajectory_id: str
-    sampling_params: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def data_source(self) -> str:
-        return str(self.instance.get("data_source", ""))
-
-    @property
-    def instance_id(self) -> str:
-        return str(self.instance.get("instance_id", self.job_id))
+__all__ = [
+    "Env",
+    "EvalOutput",
+    "Job",
+    "JobSandboxes",
+    "LLMContext",
+    "RunOutput",
+    "StagePolicy",
+    "TaskHandler",
+]
+"""The handler contract in one import: what a handler subclasses, receives and returns."""
 
 
 class JobSandboxes:
@@ -70,15 +68,6 @@ class JobSandboxes:
 
 
 @dataclass
-class LLMContext:
-    """Everything the RUN stage needs to talk to the policy."""
-
-    balancer: LLMBalancer
-    tokenizer: ChatTokenizer
-    agent: AgentConfig
-
-
-@dataclass
 class Env:
     """A job's environment across stages."""
 
@@ -87,12 +76,24 @@ class Env:
     sandbox: Sandbox | None = None
     run_output: RunOutput | None = None
     data: dict[str, Any] = field(default_factory=dict)
+    prewarmed: Any = None
+    """In EVAL: what :meth:`TaskHandler.prewarm_eval` returned (None when the handler has none, it
+    returned None, or it failed: EVAL then sets up on its own)."""
+    prewarm_error: str | None = None
+    """In EVAL: why the prewarm failed, if it did."""
 
 
 class TaskHandler(ABC):
     """One kind of task, registered under ``name`` (the instances' ``data_source``)."""
 
     name: ClassVar[str]
+    needs_tokenizer: ClassVar[bool] = False
+    """True when :meth:`run` reads ``llm.tokenizer`` (e.g. through :func:`raas.agent.loop.run_agent`): a
+    service without a chat tokenizer then refuses this handler's jobs at submit (400, naming the handler)
+    instead of failing each one in RUN."""
+    policy: ClassVar[StagePolicy] = StagePolicy()
+    """Per-stage timeouts and pool shares for this handler's jobs (see :class:`raas.core.policy.StagePolicy`);
+    ``ServiceConfig.handler_policies[data_source]`` overrides it setting by setting."""
 
     @abstractmethod
     async def init(self, job: Job, sandboxes: JobSandboxes) -> Env: ...
@@ -108,3 +109,20 @@ class TaskHandler(ABC):
 
     async def on_error(self, stage: str, job: Job, env: Env | None, exc: BaseException) -> None:  # noqa: B027
         """Called once when a stage fails, times out or is cancelled, before sandboxes are closed."""
+
+    async def prewarm_eval(self, job: Job, sandboxes: JobSandboxes) -> Any:
+        """Optional: prepare EVAL while RUN is still going (e.g. start the fresh sandbox the tests run in),
+        so EVAL does not pay for it after RUN. Why a hook: RUN's sandboxes are closed before EVAL, and a
+        sandbox opened here must outlive them.
+
+        The pipeline calls it when RUN starts, only for handlers that override it, in a task of its own.
+        ``sandboxes`` is a :class:`JobSandboxes` of its own: it stays open through EVAL and is closed when
+        the job ends, on every path (success, failure, timeout, cancel), and the task is cancelled if it
+        is still running then. The return value is EVAL's ``env.prewarmed``; EVAL waits for it (that wait
+        counts as EVAL time). An exception is logged and EVAL gets None (and ``env.prewarm_error``)."""
+        return None
+
+    @classmethod
+    def prewarms_eval(cls) -> bool:
+        """True when this handler overrides :meth:`prewarm_eval`."""
+        return cls.prewarm_eval is not TaskHandler.prewarm_eval

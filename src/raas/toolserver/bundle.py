@@ -1,18 +1,25 @@
 """Host side: build the read-only bundle dir a sandbox puts on ``PYTHONPATH`` to run the tool server.
 
-The bundle holds this package copied as ``raas_toolserver`` plus the installed ``ptyprocess``; it is
-keyed by a hash of their contents, so rebuilding is free and a changed server never reuses a stale copy.
+The bundle holds this package copied as ``raas_toolserver`` plus the installed ``ptyprocess``, compiled
+to bytecode once (it is read-only inside, so the server could never cache it). Each build goes into a
+fresh directory owned by the building process, and the caller keeps its digest (every file's SHA-256)
+in memory: :func:`verify_bundle` re-checks it before each use, so a bundle that changed on disk is never
+handed to another sandbox, whoever changed it.
 """
 
 from __future__ import annotations
 
+import compileall
 import hashlib
 import os
+import secrets
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
 BUNDLE_PACKAGE = "raas_toolserver"
+_PREFIX = "toolserver-"
 
 
 def _source_files(root: Path) -> list[Path]:
@@ -29,7 +36,7 @@ def _package_dirs() -> dict[str, Path]:
 
 
 def bundle_hash() -> str:
-    """Content hash of everything that goes into the bundle."""
+    """Content hash of the sources that go into the bundle."""
     h = hashlib.sha256()
     for name, root in sorted(_package_dirs().items()):
         for path in _source_files(root):
@@ -39,32 +46,72 @@ def bundle_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def build_bundle(dest_dir: str | os.PathLike[str]) -> Path:
-    """Create (once) and return ``dest_dir/toolserver-<hash>``, the directory to bind at ``/.raas/lib``.
+def bundle_digest(bundle: Path) -> dict[str, str]:
+    """Every entry below ``bundle``: files by SHA-256, directories as ``dir``; anything else is suspect."""
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(bundle):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, bundle)
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode):
+                out[rel] = "dir"
+            elif stat.S_ISREG(st.st_mode):
+                with open(path, "rb") as f:
+                    out[rel] = hashlib.sha256(f.read()).hexdigest()
+            else:
+                out[rel] = f"unexpected:{stat.S_IFMT(st.st_mode):o}"
+    return out
 
-    Safe to call concurrently: the copy is assembled in a temporary dir and renamed into place.
+
+def verify_bundle(bundle: Path, digest: dict[str, str]) -> bool:
+    """True when ``bundle`` still holds exactly what :func:`build_bundle` put there."""
+    try:
+        return bundle_digest(bundle) == digest
+    except OSError:
+        return False
+
+
+def build_bundle(dest_dir: str | os.PathLike[str]) -> tuple[Path, dict[str, str]]:
+    """Build a fresh ``dest_dir/toolserver-<hash>-<pid>-<random>`` and return it with its digest.
+
+    Sources are copied with their timestamps, compiled, made read-only for everyone (0644/0755), then
+    renamed into place, so no sandbox ever sees a half-built bundle.
     """
     dest = Path(dest_dir)
     dest.mkdir(parents=True, exist_ok=True)
-    final = dest / f"toolserver-{bundle_hash()}"
-    if (final / BUNDLE_PACKAGE / "__main__.py").is_file():
-        return final
+    final = dest / f"{_PREFIX}{bundle_hash()}-{os.getpid()}-{secrets.token_hex(4)}"
     staging = Path(tempfile.mkdtemp(prefix=".toolserver-", dir=dest))
     try:
         for name, root in _package_dirs().items():
             for path in _source_files(root):
                 target = staging / name / path.relative_to(root)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, target)
+                shutil.copy2(path, target)
+        # Used when the image's python3 has the host's minor version; ignored (and harmless) otherwise.
+        compileall.compile_dir(str(staging), quiet=2, workers=1)
         for p in staging.rglob("*"):
             p.chmod(0o755 if p.is_dir() else 0o644)
         staging.chmod(0o755)
-        try:
-            staging.rename(final)
-        except OSError:
-            # Another process won the race; its bundle has the same content.
-            if not (final / BUNDLE_PACKAGE / "__main__.py").is_file():
-                raise
+        digest = bundle_digest(staging)
+        staging.rename(final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return final
+    return final, digest
+
+
+def reap_stale_bundles(dest_dir: str | os.PathLike[str]) -> list[Path]:
+    """Remove bundles whose building process is gone (it was killed before it could clean up)."""
+    removed = []
+    for path in Path(dest_dir).glob(f"{_PREFIX}*-*-*"):
+        pid = path.name.split("-")[-2]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        except PermissionError:
+            continue
+    return removed

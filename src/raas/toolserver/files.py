@@ -1,21 +1,28 @@
-"""File transfer: tar streams in and out of the sandbox, and small whole-file reads and writes.
+"""File transfer: tar streams in and out of the sandbox, and whole-file reads and writes.
 
-Used to set a task up and to collect its results. Tar members that would land outside the target
-directory (absolute names, ``..``, escaping links, device nodes) are refused before anything is written.
+Contents travel as message attachments (raw bytes). Uploads are extracted by our own walker, not by
+``tarfile.extractall``, so safety does not depend on the image's Python having ``tarfile.data_filter``:
+every path component below the destination is opened with ``O_NOFOLLOW`` relative to its parent's
+descriptor, so no member can be written through a symlink, whatever earlier members (or the sandbox's own
+code) put there. Absolute names, ``..``, links that point outside the destination, devices and fifos are
+refused; the whole archive is checked before anything is written.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import io
 import os
 import posixpath
 import stat
 import tarfile
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 from .protocol import BAD_REQUEST, NOT_FOUND, PAYLOAD_TOO_LARGE, TOOL_ERROR, ProtocolError
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Permission bits kept from an archive: no setuid/setgid.
+MODE_MASK = 0o1777
+Result = Tuple[Dict[str, Any], Optional[bytes]]
 
 
 def _abs(path: str) -> str:
@@ -30,92 +37,218 @@ def _abs(path: str) -> str:
     return os.path.normpath(path)
 
 
-def _b64decode(data: str, name: str) -> bytes:
-    try:
-        return base64.b64decode(data.encode("ascii"), validate=True)
-    except (binascii.Error, ValueError, UnicodeEncodeError):
-        raise ProtocolError(BAD_REQUEST, "%s is not valid base64" % name) from None
-
-
-def _check_size(raw_len: int, max_frame: int) -> None:
-    # base64 grows data by 4/3; leave room for the JSON envelope.
-    if raw_len * 4 // 3 + 1024 > max_frame:
-        raise ProtocolError(
-            PAYLOAD_TOO_LARGE,
-            "%d bytes do not fit in one frame (limit %d bytes after base64)" % (raw_len, max_frame),
-        )
+def _need(attachment: Optional[bytes], what: str) -> bytes:
+    if attachment is None:
+        raise ProtocolError(BAD_REQUEST, "%s needs its content as the message attachment" % what)
+    return attachment
 
 
 class _LimitedBuffer(io.BytesIO):
-    """An in-memory tar target that refuses to grow past what one frame can carry."""
+    """An in-memory tar target that refuses to grow past what one attachment may carry."""
 
-    def __init__(self, max_frame: int) -> None:
+    def __init__(self, limit: int) -> None:
         super().__init__()
-        self.max_frame = max_frame
+        self.limit = limit
 
     def write(self, data: Any) -> int:
         n = super().write(data)
-        _check_size(self.tell(), self.max_frame)
+        if self.tell() > self.limit:
+            raise ProtocolError(
+                PAYLOAD_TOO_LARGE, "the archive grew past the attachment limit of %d bytes" % self.limit
+            )
         return n
 
 
-def _safe_members(tar: tarfile.TarFile, dest: str) -> List[tarfile.TarInfo]:
-    """Validate every member; any one that could escape ``dest`` rejects the whole archive."""
-    members = []
+# -- checking an archive -------------------------------------------------------------------------------
+
+
+def _member_parts(name: str) -> List[str]:
+    """The path components of a member name, or a refusal when it could leave the destination."""
+    if "\0" in name:
+        raise ProtocolError(BAD_REQUEST, "tar member name contains NUL")
+    if name.startswith("/"):
+        raise ProtocolError(BAD_REQUEST, "tar member %r points outside the destination" % name)
+    norm = posixpath.normpath(name)
+    if norm == ".." or norm.startswith("../"):
+        raise ProtocolError(BAD_REQUEST, "tar member %r points outside the destination" % name)
+    parts = [p for p in norm.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise ProtocolError(BAD_REQUEST, "tar member %r points outside the destination" % name)
+    return parts
+
+
+def _check_members(tar: tarfile.TarFile) -> List[Tuple[tarfile.TarInfo, List[str]]]:
+    """Validate every member before anything is written; one bad member rejects the archive."""
+    out = []
     for m in tar.getmembers():
-        name = m.name
-        norm = posixpath.normpath(name)
-        if name.startswith("/") or norm == ".." or norm.startswith("../"):
-            raise ProtocolError(BAD_REQUEST, "tar member %r points outside the destination" % name)
+        parts = _member_parts(m.name)
         if m.isdev() or m.isfifo():
-            raise ProtocolError(BAD_REQUEST, "tar member %r is a device or fifo; refused" % name)
+            raise ProtocolError(BAD_REQUEST, "tar member %r is a device or fifo; refused" % m.name)
+        if not (m.isdir() or m.isreg() or m.issym() or m.islnk()):
+            raise ProtocolError(BAD_REQUEST, "tar member %r has an unsupported type; refused" % m.name)
+        if not parts and not m.isdir():
+            raise ProtocolError(BAD_REQUEST, "tar member %r has no name" % m.name)
         if m.issym() or m.islnk():
             target = m.linkname
-            if target.startswith("/"):
+            if target.startswith("/") or "\0" in target:
                 raise ProtocolError(
-                    BAD_REQUEST, "link %r has an absolute target %r; refused" % (name, target)
+                    BAD_REQUEST, "link %r has an absolute target %r; refused" % (m.name, target)
                 )
-            base = posixpath.dirname(norm) if m.issym() else ""
+            base = "/".join(parts[:-1]) if m.issym() else ""
             resolved = posixpath.normpath(posixpath.join(base, target))
             if resolved == ".." or resolved.startswith("../"):
                 raise ProtocolError(
-                    BAD_REQUEST, "link %r -> %r escapes the destination; refused" % (name, target)
+                    BAD_REQUEST, "link %r -> %r escapes the destination; refused" % (m.name, target)
                 )
-        m.mode &= 0o7777 & ~(stat.S_ISUID | stat.S_ISGID)
-        members.append(m)
-    return members
+        out.append((m, parts))
+    return out
 
 
-def upload(args: Dict[str, Any], max_frame: int) -> Dict[str, Any]:
-    """Extract a tar stream into directory ``path`` (created if missing)."""
-    dest = _abs(args["path"])
-    data = _b64decode(args["data_b64"], "data_b64")
-    if os.path.exists(dest) and not os.path.isdir(dest):
-        raise ProtocolError(TOOL_ERROR, "%s exists and is not a directory" % dest)
+# -- writing below a directory descriptor ----------------------------------------------------------------
+
+
+class _Tree:
+    """Creates entries below ``root_fd`` by walking components with O_NOFOLLOW; never follows a symlink."""
+
+    def __init__(self, root_fd: int) -> None:
+        self.root_fd = root_fd
+        self._opened: List[int] = []
+
+    def close(self) -> None:
+        for fd in self._opened:
+            os.close(fd)
+        self._opened = []
+
+    def _open_dir(self, parent: int, name: str, create: bool) -> int:
+        try:
+            fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+        except FileNotFoundError:
+            if not create:
+                raise
+            os.mkdir(name, 0o755, dir_fd=parent)
+            fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            raise ProtocolError(
+                BAD_REQUEST, "%r is a symlink or not a directory; archives may not write through it" % name
+            ) from exc
+        self._opened.append(fd)
+        return fd
+
+    def parent(self, parts: List[str], create: bool = True) -> int:
+        """The descriptor of the directory that holds ``parts[-1]``."""
+        fd = self.root_fd
+        for name in parts[:-1]:
+            fd = self._open_dir(fd, name, create)
+        return fd
+
+    def directory(self, parts: List[str]) -> int:
+        fd = self.root_fd
+        for name in parts:
+            fd = self._open_dir(fd, name, True)
+        return fd
+
+    @staticmethod
+    def clear(parent: int, name: str) -> None:
+        """Remove a non-directory entry that a member replaces (a symlink is removed, not followed)."""
+        try:
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(st.st_mode):
+            raise ProtocolError(
+                TOOL_ERROR, "%r is an existing directory; an archive member cannot replace it" % name
+            )
+        os.unlink(name, dir_fd=parent)
+
+
+def _extract(tar: tarfile.TarFile, members: List[Tuple[tarfile.TarInfo, List[str]]], root_fd: int) -> int:
+    tree = _Tree(root_fd)
+    files = 0
+    dirs: List[Tuple[List[str], tarfile.TarInfo]] = []
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
-            members = _safe_members(tar, dest)
-            os.makedirs(dest, exist_ok=True)
-            if "mode" in args:
-                os.chmod(dest, args["mode"] & 0o7777)
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(dest, members=members, filter="data")
-            else:  # Python < 3.12 without the extraction-filter backport
-                tar.extractall(dest, members=members)
+        for m, parts in members:
+            if m.isdir():
+                tree.directory(parts)
+                dirs.append((parts, m))
+                continue
+            parent = tree.parent(parts)
+            name = parts[-1]
+            tree.clear(parent, name)
+            if m.issym():
+                os.symlink(m.linkname, name, dir_fd=parent)
+            elif m.islnk():
+                src_parts = _member_parts(m.linkname)
+                src_parent = tree.parent(src_parts, create=False)
+                st = os.stat(src_parts[-1], dir_fd=src_parent, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode):
+                    raise ProtocolError(BAD_REQUEST, "hard link %r must point to a regular file" % m.name)
+                os.link(src_parts[-1], name, src_dir_fd=src_parent, dst_dir_fd=parent, follow_symlinks=False)
+                files += 1
+            else:
+                fd = os.open(
+                    name,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o600,
+                    dir_fd=parent,
+                )
+                with os.fdopen(fd, "wb") as out:
+                    src = tar.extractfile(m)
+                    if src is not None:
+                        while True:
+                            chunk = src.read(1 << 20)
+                            if not chunk:
+                                break
+                            out.write(chunk)
+                    os.fchmod(out.fileno(), m.mode & MODE_MASK & ~0o1000)
+                    os.utime(out.fileno(), (m.mtime, m.mtime))
+                files += 1
+        # Directory modes last, deepest first: a read-only directory must not block its own contents.
+        for parts, m in sorted(dirs, key=lambda d: -len(d[0])):
+            fd = tree.directory(parts)
+            os.fchmod(fd, m.mode & MODE_MASK)
+            os.utime(fd, (m.mtime, m.mtime))
+    finally:
+        tree.close()
+    return files
+
+
+def upload(args: Dict[str, Any], attachment: Optional[bytes], limit: int) -> Result:
+    """Extract the attached tar stream into directory ``path`` (created if missing)."""
+    dest = _abs(args["path"])
+    data = _need(attachment, "files.upload")
+    try:
+        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
     except tarfile.TarError as exc:
-        # Includes the extraction filter's refusals (FilterError) on Python versions that have one.
-        raise ProtocolError(BAD_REQUEST, "data_b64 is not a valid or safe tar stream: %s" % exc) from None
-    except OSError as exc:
-        raise ProtocolError(TOOL_ERROR, "extracting into %s failed: %s" % (dest, exc)) from None
-    return {"path": dest, "files": sum(1 for m in members if m.isfile())}
+        raise ProtocolError(BAD_REQUEST, "the attachment is not a valid tar stream: %s" % exc) from None
+    with tar:
+        try:
+            members = _check_members(tar)
+        except tarfile.TarError as exc:
+            raise ProtocolError(BAD_REQUEST, "the attachment is not a valid tar stream: %s" % exc) from None
+        try:
+            os.makedirs(dest, exist_ok=True)
+            root_fd = os.open(dest, DIR_FLAGS)
+        except OSError as exc:
+            raise ProtocolError(TOOL_ERROR, "cannot open the destination %s: %s" % (dest, exc)) from None
+        try:
+            if "mode" in args:
+                os.fchmod(root_fd, args["mode"] & MODE_MASK)
+            files = _extract(tar, members, root_fd)
+        except tarfile.TarError as exc:
+            raise ProtocolError(BAD_REQUEST, "the attachment is not a valid tar stream: %s" % exc) from None
+        except OSError as exc:
+            raise ProtocolError(TOOL_ERROR, "extracting into %s failed: %s" % (dest, exc)) from None
+        finally:
+            os.close(root_fd)
+    return {"path": dest, "files": files}, None
 
 
-def download(args: Dict[str, Any], max_frame: int) -> Dict[str, Any]:
+def download(args: Dict[str, Any], attachment: Optional[bytes], limit: int) -> Result:
     """Tar of a file (one member, its base name) or of a directory's contents (names relative to it)."""
     path = _abs(args["path"])
     if not os.path.lexists(path):
         raise ProtocolError(NOT_FOUND, "%s does not exist" % path)
-    buf = _LimitedBuffer(max_frame)
+    buf = _LimitedBuffer(limit)
     try:
         with tarfile.open(fileobj=buf, mode="w") as tar:
             if os.path.isdir(path):
@@ -126,14 +259,13 @@ def download(args: Dict[str, Any], max_frame: int) -> Dict[str, Any]:
     except OSError as exc:
         raise ProtocolError(TOOL_ERROR, "reading %s failed: %s" % (path, exc)) from None
     data = buf.getvalue()
-    _check_size(len(data), max_frame)
-    return {"data_b64": base64.b64encode(data).decode("ascii"), "size": len(data)}
+    return {"size": len(data)}, data
 
 
-def write(args: Dict[str, Any], max_frame: int) -> Dict[str, Any]:
+def write(args: Dict[str, Any], attachment: Optional[bytes], limit: int) -> Result:
     """Write one whole file, creating parent directories."""
     path = _abs(args["path"])
-    data = _b64decode(args["content_b64"], "content_b64")
+    data = _need(attachment, "files.write")
     if os.path.isdir(path):
         raise ProtocolError(TOOL_ERROR, "%s is a directory" % path)
     try:
@@ -141,13 +273,13 @@ def write(args: Dict[str, Any], max_frame: int) -> Dict[str, Any]:
         with open(path, "wb") as f:
             f.write(data)
         if "mode" in args:
-            os.chmod(path, args["mode"] & 0o7777)
+            os.chmod(path, args["mode"] & MODE_MASK)
     except OSError as exc:
         raise ProtocolError(TOOL_ERROR, "writing %s failed: %s" % (path, exc)) from None
-    return {"path": path, "size": len(data)}
+    return {"path": path, "size": len(data)}, None
 
 
-def read(args: Dict[str, Any], max_frame: int) -> Dict[str, Any]:
+def read(args: Dict[str, Any], attachment: Optional[bytes], limit: int) -> Result:
     """Read one whole regular file."""
     path = _abs(args["path"])
     try:
@@ -158,10 +290,13 @@ def read(args: Dict[str, Any], max_frame: int) -> Dict[str, Any]:
         raise ProtocolError(TOOL_ERROR, "cannot access %s: %s" % (path, exc)) from None
     if not stat.S_ISREG(st.st_mode):
         raise ProtocolError(TOOL_ERROR, "%s is not a regular file" % path)
-    _check_size(st.st_size, max_frame)
+    if st.st_size > limit:
+        raise ProtocolError(
+            PAYLOAD_TOO_LARGE, "%s has %d bytes, over the limit of %d" % (path, st.st_size, limit)
+        )
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as exc:
         raise ProtocolError(TOOL_ERROR, "reading %s failed: %s" % (path, exc)) from None
-    return {"content_b64": base64.b64encode(data).decode("ascii"), "size": len(data)}
+    return {"size": len(data)}, data

@@ -2,38 +2,103 @@
 
 An agent's context must never be flooded, and a command printing gigabytes must not grow the server's
 memory: :class:`OutputBuffer` keeps only the first and last bytes and counts what it dropped.
+
+The escape-sequence cleaner is a single left-to-right pass: each introducer (ESC or an 8-bit C1 control)
+is examined once, a string sequence (OSC, DCS, APC, PM, SOS) only counts when its terminator follows
+within :data:`MAX_STRING` characters of plain text, and anything malformed loses its introducer only.
+So an unterminated ``ESC _`` or a binary dump can never swallow the rest of the output, and the work
+is linear in the input.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Tuple
+from typing import List, Optional, Tuple
 
 from .protocol import truncation_marker
 
-_ANSI = re.compile(
-    r"""
-    \x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?   # OSC ... BEL / ST
-    | \x1b[P^_X][^\x1b]*(?:\x1b\\)?      # DCS / PM / APC / SOS strings
-    | \x1b\[[0-?]*[ -/]*[@-~]            # CSI
-    | \x9b[0-?]*[ -/]*[@-~]              # 8-bit CSI
-    | \x1b[ -/]*[0-~]                    # other escapes (charset selection, keypad modes, ...)
-    """,
-    re.VERBOSE,
-)
+MAX_STRING = 4096
+"""Longest OSC/DCS/APC/PM/SOS body honoured as one sequence; longer ones are treated as unterminated."""
+
+# Where a sequence may start: ESC, and the 8-bit forms of DCS, SOS, CSI, OSC, PM, APC.
+_INTRO = re.compile("[\x1b\x90\x98\x9b\x9d\x9e\x9f]")
+_CSI_BODY = re.compile("[0-?]*[ -/]*")  # parameter then intermediate bytes; a final byte [@-~] must follow
+_ESC_BODY = re.compile("[ -/]*")  # intermediates of a two-or-more byte escape; a final [0-~] must follow
+# A string body stops at the first control character (ESC, BEL, ST, CR, LF, ...) or at the bound.
+_STRING_BODY = re.compile("[^\x00-\x1f\x7f-\x9f]{0,%d}" % MAX_STRING)
+_STRING_INTROS = frozenset("]P^_X\x90\x98\x9d\x9e\x9f")
 _CR_NL = re.compile(r"\r+\n")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def strip_escapes(text: str, work: Optional[List[int]] = None) -> str:
+    """Remove terminal escape sequences from ``text``; a malformed one loses only its introducer.
+
+    ``work``, when given, gets the number of characters examined added to ``work[0]`` (at most about
+    twice the length of ``text``): tests use it to check the pass stays linear.
+    """
+    out: List[str] = []
+    pos = 0
+    n = len(text)
+    examined = 0
+    while True:
+        m = _INTRO.search(text, pos)
+        if m is None:
+            out.append(text[pos:])
+            examined += n - pos
+            break
+        start = m.start()
+        examined += start - pos + 1
+        out.append(text[pos:start])
+        c = text[start]
+        if c == "\x1b":
+            if start + 1 >= n:
+                pos = n
+                break
+            c = text[start + 1]
+            body = start + 2
+            if c != "[" and c not in _STRING_INTROS:
+                # nF / Fp / Fe / Fs escapes: intermediates, then one final byte.
+                b = _ESC_BODY.match(text, start + 1)
+                end = b.end()
+                examined += end - start
+                if end < n and "0" <= text[end] <= "~":
+                    pos = end + 1
+                else:
+                    pos = start + 1  # a lone ESC: drop it, keep what follows
+                continue
+        else:
+            body = start + 1
+            c = "[" if c == "\x9b" else c
+        if c == "[":
+            b = _CSI_BODY.match(text, body)
+            end = b.end()
+            examined += end - body + 1
+            pos = end + 1 if end < n and "@" <= text[end] <= "~" else body
+            continue
+        b = _STRING_BODY.match(text, body)
+        end = b.end()
+        examined += end - body + 1
+        if end < n and text[end] in "\x07\x9c":
+            pos = end + 1
+        elif end + 1 < n and text[end] == "\x1b" and text[end + 1] == "\\":
+            pos = end + 2
+        else:
+            pos = body  # unterminated: only the introducer goes
+    if work is not None:
+        work[0] += examined
+    return "".join(out)
 
 
 def clean_text(raw: bytes) -> str:
-    """Decode terminal bytes (invalid UTF-8 replaced) and strip ANSI sequences and control characters.
+    """Decode terminal bytes (invalid UTF-8 replaced) and strip escape sequences and control characters.
 
     ``\\r\\n`` becomes ``\\n``; a bare ``\\r`` (progress bars) keeps what a terminal would finally show
     on that line: the text after the last carriage return.
     """
     text = raw.decode("utf-8", errors="replace")
-    if "\x1b" in text or "\x9b" in text:
-        text = _ANSI.sub("", text)
+    if _INTRO.search(text) is not None:
+        text = strip_escapes(text)
     if "\r" in text:
         text = _CR_NL.sub("\n", text)
         if "\r" in text:
@@ -76,6 +141,44 @@ class OutputBuffer:
         # Trim lazily (at twice the cap) so appends stay amortized O(1).
         if len(self._tail) > 2 * self._tail_cap:
             del self._tail[: len(self._tail) - self._tail_cap]
+
+    def drop_suffix(self, suffix: bytes) -> bool:
+        """Remove ``suffix`` if the kept bytes end with it (text the shell printed that is not output)."""
+        if not suffix:
+            return False
+        head, tail, dropped = self.raw()
+        if tail.endswith(suffix):
+            del self._tail[len(self._tail) - len(suffix) :]
+        elif dropped == 0 and (head + tail).endswith(suffix):
+            keep = head + tail
+            self._head, self._tail = bytearray(), bytearray()
+            self.total = 0
+            self.feed(keep[: len(keep) - len(suffix)])
+            return True
+        else:
+            return False
+        self.total -= len(suffix)
+        return True
+
+    def cut_line(self, needle: bytes) -> bool:
+        """Drop the last line containing ``needle`` and everything after it (a trace of the tool's own call)."""
+        head, tail, dropped = self.raw()
+        kept = tail if dropped else head + tail
+        at = kept.rfind(needle)
+        if at < 0:
+            return False
+        start = kept.rfind(b"\n", 0, at) + 1
+        keep = kept[:start]
+        removed = len(kept) - len(keep)
+        if dropped:
+            self._tail = bytearray(keep)
+        else:
+            self._head, self._tail = bytearray(), bytearray()
+            self.total = 0
+            self.feed(keep)
+            return True
+        self.total -= removed
+        return True
 
     def raw(self) -> Tuple[bytes, bytes, int]:
         """Return (head, tail, bytes dropped between them)."""

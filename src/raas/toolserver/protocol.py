@@ -2,6 +2,10 @@
 
 Shared by the server (inside the sandbox, Python >= 3.8) and the host client, so both sides agree on
 one definition of a frame.
+
+A message is a frame (4-byte big-endian length, then that many bytes of UTF-8 JSON). A message whose JSON
+object carries ``"att": N`` is followed by exactly N raw bytes, its *attachment*: file contents and tar
+streams travel as bytes, never as base64 inside JSON, so moving 100 MB costs a copy, not an encoding pass.
 """
 
 from __future__ import annotations
@@ -9,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 PROTOCOL_VERSION = 1
 READY_LINE = "RAAS_TOOLSERVER_READY 1"
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
+DEFAULT_MAX_ATTACHMENT = 1024 * 1024 * 1024
+ATTACHMENT_KEY = "att"
 DEFAULT_OUTPUT_CAP = 30000
 SANDBOX_ID_ENV = "RAAS_SANDBOX_ID"
 
@@ -55,6 +61,34 @@ def encode_frame(obj: Dict[str, Any]) -> bytes:
     except UnicodeEncodeError:
         body = json.dumps(obj, ensure_ascii=True, separators=(",", ":")).encode("ascii")
     return HEADER.pack(len(body)) + body
+
+
+def encode_message(obj: Dict[str, Any], attachment: Optional[bytes] = None) -> List[bytes]:
+    """The buffers of one message (frame, then the attachment if any), for ``writer.writelines``."""
+    if attachment is None:
+        return [encode_frame(obj)]
+    obj = dict(obj)
+    obj[ATTACHMENT_KEY] = len(attachment)
+    return [encode_frame(obj), attachment]
+
+
+def attachment_size(obj: Dict[str, Any], max_attachment: int) -> int:
+    """How many raw bytes follow this message (0 if none); a bad or oversize count is refused."""
+    n = obj.get(ATTACHMENT_KEY, 0)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ProtocolError(BAD_REQUEST, "'att' must be a non-negative integer")
+    if n > max_attachment:
+        raise ProtocolError(
+            PAYLOAD_TOO_LARGE, "attachment of %d bytes exceeds the limit of %d bytes" % (n, max_attachment)
+        )
+    return n
+
+
+async def read_attachment(reader: asyncio.StreamReader, n: int) -> bytes:
+    try:
+        return await reader.readexactly(n)
+    except asyncio.IncompleteReadError:
+        raise ProtocolError(BAD_REQUEST, "connection closed inside an attachment") from None
 
 
 def decode_body(body: bytes) -> Dict[str, Any]:

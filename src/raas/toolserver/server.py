@@ -13,14 +13,18 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
 
 from . import procs
-from .bash import BashTool, find_bash
+from .bash import DEFAULT_INPUT_WAIT_S, DEFAULT_TIMEOUT_S, find_bash
+from .bashtool import BashTool
 from .protocol import (
+    ATTACHMENT_KEY,
     BAD_REQUEST,
+    DEFAULT_MAX_ATTACHMENT,
     DEFAULT_MAX_FRAME,
     DEFAULT_OUTPUT_CAP,
     INTERNAL,
@@ -29,14 +33,16 @@ from .protocol import (
     READY_LINE,
     SANDBOX_ID_ENV,
     ProtocolError,
+    attachment_size,
     decode_body,
-    encode_frame,
+    encode_message,
     error_response,
     ok_response,
+    read_attachment,
     read_frame,
 )
 
-# Argument specs: name -> (type tag, required). Type tags: str, num (>= 0), int (>= 0), list, any.
+# Argument specs: name -> (type tag, required). Type tags: str, num (>= 0), int (>= 0), bool, list, any.
 ArgSpec = Dict[str, Tuple[str, bool]]
 _SPECS: Dict[Tuple[str, str], ArgSpec] = {
     ("server", "ping"): {},
@@ -44,6 +50,14 @@ _SPECS: Dict[Tuple[str, str], ArgSpec] = {
     ("bash", "run"): {
         "command": ("str", True),
         "session": ("str", False),
+        "timeout": ("num", False),
+        "no_output_timeout": ("num", False),
+        "output_cap": ("int", False),
+    },
+    ("bash", "send"): {
+        "session": ("str", False),
+        "input": ("str", False),
+        "interrupt": ("bool", False),
         "timeout": ("num", False),
         "no_output_timeout": ("num", False),
         "output_cap": ("int", False),
@@ -61,10 +75,13 @@ _SPECS: Dict[Tuple[str, str], ArgSpec] = {
         "insert_line": ("int", False),
         "view_range": ("list", False),
     },
-    ("files", "upload"): {"path": ("str", True), "data_b64": ("str", True), "mode": ("int", False)},
+    # File contents travel as the message's attachment (raw bytes), not in args.
+    ("files", "upload"): {"path": ("str", True), "mode": ("int", False)},
     ("files", "download"): {"path": ("str", True)},
-    ("files", "write"): {"path": ("str", True), "content_b64": ("str", True), "mode": ("int", False)},
+    ("files", "write"): {"path": ("str", True), "mode": ("int", False)},
     ("files", "read"): {"path": ("str", True)},
+    # The agent gateway: a loopback TCP port in the sandbox that leads to a Unix socket (see forward.py).
+    ("gateway", "forward"): {"socket": ("str", True), "port": ("int", False)},
 }
 
 
@@ -109,12 +126,15 @@ def _check_type(tool: str, op: str, name: str, tag: str, value: Any) -> None:
         ok = isinstance(value, numeric) and not isinstance(value, bool) and 0 <= value <= _MAX_NUMBER
     elif tag == "list":
         ok = isinstance(value, list)
+    elif tag == "bool":
+        ok = isinstance(value, bool)
     if not ok:
         want = {
             "str": "a string",
             "num": "a number in [0, 2**53]",
             "int": "an integer in [0, 2**53]",
             "list": "a list",
+            "bool": "true or false",
         }[tag]
         raise ProtocolError(BAD_REQUEST, "%s.%s argument %r must be %s" % (tool, op, name, want))
 
@@ -130,8 +150,14 @@ class ToolServer:
         max_frame: int = DEFAULT_MAX_FRAME,
         max_sessions: int = 64,
         watch_stdin: bool = False,
+        listen_fd: Optional[int] = None,
+        max_attachment: int = DEFAULT_MAX_ATTACHMENT,
+        bash_timeout: Optional[float] = DEFAULT_TIMEOUT_S,
+        bash_input_wait: Optional[float] = DEFAULT_INPUT_WAIT_S,
     ) -> None:
+        self.max_attachment = max_attachment
         self.socket_path = socket_path
+        self.listen_fd = listen_fd
         self.workdir = workdir
         self.output_cap = output_cap
         self.max_frame = max_frame
@@ -140,13 +166,16 @@ class ToolServer:
         self.tmpdir = tempfile.mkdtemp(prefix="raas-ts-")
         self.reaper = procs.Reaper()
         self.env = _child_env()
-        self.bash = BashTool(workdir, self.env, self.tmpdir, self.reaper, max_sessions)
+        self.bash = BashTool(
+            workdir, self.env, self.tmpdir, self.reaper, max_sessions, bash_timeout, bash_input_wait
+        )
         self._ipython: Any = None
         self._editor: Any = None
         self._stop: Optional[asyncio.Event] = None
         self._server: Optional[asyncio.AbstractServer] = None
         self._conns: Dict[asyncio.StreamWriter, Optional[asyncio.Task]] = {}
         self._tasks: Set[asyncio.Task] = set()
+        self._forwarders: Dict[str, Any] = {}  # gateway socket -> forward.Forwarder
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -162,10 +191,15 @@ class ToolServer:
         if os.getppid() != parent:
             self._stop.set()
         try:
-            _remove_stale_socket(self.socket_path)
-            self._server = await asyncio.start_unix_server(
-                self._handle_conn, path=self.socket_path, limit=2**16
-            )
+            if self.listen_fd is not None:
+                # Bound by the sandbox's boot step, before the socket's directory became read-only.
+                sock = socket.socket(fileno=self.listen_fd)
+                self._server = await asyncio.start_unix_server(self._handle_conn, sock=sock, limit=2**16)
+            else:
+                _remove_stale_socket(self.socket_path)
+                self._server = await asyncio.start_unix_server(
+                    self._handle_conn, path=self.socket_path, limit=2**16
+                )
             if self.watch_stdin:
                 self._watch_stdin(loop)
             _announce_ready()
@@ -202,6 +236,8 @@ class ToolServer:
         pending = conn_tasks + list(self._tasks)
         if pending:
             await asyncio.wait(pending, timeout=2.0)
+        for forwarder in self._forwarders.values():
+            await forwarder.close()
         self.bash.close_all()
         if self._ipython is not None:
             await self._ipython.close()
@@ -218,24 +254,24 @@ class ToolServer:
         self._conns[writer] = asyncio.current_task()
         drain_lock = asyncio.Lock()
 
-        async def send(msg: Dict[str, Any]) -> None:
+        async def send(msg: Dict[str, Any], attachment: Optional[bytes] = None) -> None:
             try:
-                frame = encode_frame(msg)
+                parts = encode_message(msg, attachment)
             except (TypeError, ValueError) as exc:
-                frame = encode_frame(
+                parts = encode_message(
                     error_response(msg.get("id"), INTERNAL, "unencodable response: %s" % exc)
                 )
-            if len(frame) - 4 > self.max_frame:
+            if len(parts[0]) - 4 > self.max_frame:
                 msg = error_response(
                     msg.get("id"),
                     PAYLOAD_TOO_LARGE,
                     "response of %d bytes exceeds the frame limit of %d bytes"
-                    % (len(frame) - 4, self.max_frame),
+                    % (len(parts[0]) - 4, self.max_frame),
                 )
-                frame = encode_frame(msg)
+                parts = encode_message(msg)
             if writer.is_closing():
                 return
-            writer.write(frame)
+            writer.writelines(parts)
             async with drain_lock:
                 try:
                     await writer.drain()
@@ -246,13 +282,14 @@ class ToolServer:
             while True:
                 try:
                     body = await read_frame(reader, self.max_frame)
+                    if body is None:
+                        break
+                    req, attachment = await self._read_request(body, reader)
                 except ProtocolError as exc:
                     # The stream position is lost (or the peer is misbehaving): answer, then hang up.
                     await send(error_response(None, exc.kind, exc.message))
                     break
-                if body is None:
-                    break
-                task = asyncio.ensure_future(self._serve_one(body, send))
+                task = asyncio.ensure_future(self._serve_one(req, attachment, send))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         except (ConnectionError, OSError):
@@ -261,11 +298,23 @@ class ToolServer:
             self._conns.pop(writer, None)
             writer.close()
 
-    async def _serve_one(self, body: bytes, send: Callable[[Dict[str, Any]], Awaitable[None]]) -> None:
-        req_id: Any = None
-        req: Dict[str, Any] = {}
+    async def _read_request(self, body: bytes, reader: asyncio.StreamReader) -> Tuple[Any, Optional[bytes]]:
+        """Decode a frame and read its attachment; an undecodable frame is answered, not fatal."""
         try:
             req = decode_body(body)
+        except ProtocolError as exc:
+            return exc, None
+        n = attachment_size(req, self.max_attachment)
+        return req, (await read_attachment(reader, n) if ATTACHMENT_KEY in req else None)
+
+    async def _serve_one(
+        self, req: Any, attachment: Optional[bytes], send: Callable[..., Awaitable[None]]
+    ) -> None:
+        req_id: Any = None
+        out: Optional[bytes] = None
+        try:
+            if isinstance(req, ProtocolError):
+                raise req
             req_id = req.get("id")
             if req.get("v", PROTOCOL_VERSION) != PROTOCOL_VERSION:
                 raise ProtocolError(BAD_REQUEST, "unsupported protocol version %r" % (req.get("v"),))
@@ -273,7 +322,14 @@ class ToolServer:
             if not isinstance(tool, str) or not isinstance(op, str):
                 raise ProtocolError(BAD_REQUEST, "request needs string fields 'tool' and 'op'")
             args = validate_args(tool, op, req.get("args"))
-            result = await self._dispatch(tool, op, args)
+            if tool == "files":
+                from . import files
+
+                result, out = await _in_thread(getattr(files, op), args, attachment, self.max_attachment)
+            else:
+                if attachment is not None:
+                    raise ProtocolError(BAD_REQUEST, "%s.%s takes no attachment" % (tool, op))
+                result = await self._dispatch(tool, op, args)
             response = ok_response(req_id, result)
         except ProtocolError as exc:
             response = error_response(req_id, exc.kind, exc.message)
@@ -281,8 +337,13 @@ class ToolServer:
             raise
         except Exception as exc:  # a bug must not take the server down
             response = error_response(req_id, INTERNAL, "%s: %s" % (type(exc).__name__, exc))
-        await send(response)
-        if response.get("ok") and req.get("tool") == "server" and req.get("op") == "shutdown":
+        await send(response, out if response.get("ok") else None)
+        if (
+            response.get("ok")
+            and isinstance(req, dict)
+            and req.get("tool") == "server"
+            and req.get("op") == "shutdown"
+        ):
             assert self._stop is not None
             self._stop.set()
 
@@ -291,11 +352,22 @@ class ToolServer:
             if op == "ping":
                 return self.info()
             return {"stopping": True}
+        if tool == "gateway":
+            return await self.forward(args["socket"], args.get("port", 0))
         if tool == "bash":
             if op == "run":
                 return await self.bash.run(
                     args["command"],
                     args.get("session", "default"),
+                    args.get("timeout"),
+                    args.get("no_output_timeout"),
+                    args.get("output_cap", self.output_cap),
+                )
+            if op == "send":
+                return await self.bash.send(
+                    args.get("session", "default"),
+                    args.get("input", ""),
+                    bool(args.get("interrupt", False)),
                     args.get("timeout"),
                     args.get("no_output_timeout"),
                     args.get("output_cap", self.output_cap),
@@ -308,15 +380,26 @@ class ToolServer:
             if op == "restart":
                 return await ipy.restart()
             return await ipy.run(args["code"], args.get("timeout"), args.get("output_cap", self.output_cap))
-        if tool == "editor":
-            editor = self.editor()
-            return await _in_thread(editor.run, args)
-        from . import files
-
-        handler = getattr(files, op)
-        return await _in_thread(handler, args, self.max_frame)
+        editor = self.editor()
+        return await _in_thread(editor.run, args)
 
     # -- tools -------------------------------------------------------------------------------
+
+    async def forward(self, target: str, port: int) -> Dict[str, Any]:
+        """Start (once per socket) a 127.0.0.1 TCP port forwarding to the Unix socket ``target``."""
+        from .forward import Forwarder
+
+        forwarder = self._forwarders.get(target)
+        if forwarder is None:
+            if not target.startswith("/"):
+                raise ProtocolError(BAD_REQUEST, "gateway.forward needs an absolute socket path")
+            forwarder = Forwarder(target, port=port)
+            try:
+                await forwarder.start()
+            except OSError as exc:
+                raise ProtocolError(INTERNAL, "cannot listen on 127.0.0.1:%d: %s" % (port, exc)) from None
+            self._forwarders[target] = forwarder
+        return forwarder.info()
 
     def ipython(self) -> Any:
         if self._ipython is None:
@@ -349,7 +432,7 @@ class ToolServer:
         }
 
 
-async def _in_thread(fn: Callable[..., Dict[str, Any]], *args: Any) -> Dict[str, Any]:
+async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     """Blocking file work runs off the loop so a large upload does not stall other requests."""
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
@@ -394,10 +477,39 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--max-frame", type=int, default=DEFAULT_MAX_FRAME, help="largest frame accepted (bytes)")
     p.add_argument("--max-sessions", type=int, default=64, help="most bash sessions at once")
     p.add_argument("--watch-stdin", action="store_true", help="exit when stdin reaches EOF")
+    p.add_argument("--listen-fd", type=int, default=None, help="serve on this already listening socket")
+    p.add_argument(
+        "--max-attachment",
+        type=int,
+        default=DEFAULT_MAX_ATTACHMENT,
+        help="largest attachment accepted (bytes)",
+    )
+    p.add_argument(
+        "--bash-timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds after which a bash command given neither timeout is interrupted (0: never)",
+    )
+    p.add_argument(
+        "--bash-input-wait",
+        type=float,
+        default=DEFAULT_INPUT_WAIT_S,
+        help="seconds of silence after which a command waiting for terminal input returns (0: never)",
+    )
     return p.parse_args(argv)
 
 
+def _keep_socket_buffers_on_the_heap() -> None:
+    """asyncio reads sockets into 256 KiB buffers. glibc serves allocations that large with mmap unless its
+    dynamic threshold was raised by freeing a larger mapped block, so depending on what the process did
+    before, every request could cost an mmap, mremap and munmap with their page faults (about a fifth of
+    an ``echo``). Freeing one 1 MiB block raises the threshold for good; elsewhere this is harmless."""
+    block = bytearray(1 << 20)
+    del block
+
+
 def main(argv: Optional[list] = None) -> int:
+    _keep_socket_buffers_on_the_heap()
     args = parse_args(argv)
     if SANDBOX_ID_ENV not in os.environ:
         os.environ[SANDBOX_ID_ENV] = "pid-%d" % os.getpid()
@@ -411,6 +523,10 @@ def main(argv: Optional[list] = None) -> int:
         max_frame=args.max_frame,
         max_sessions=args.max_sessions,
         watch_stdin=args.watch_stdin,
+        listen_fd=args.listen_fd,
+        max_attachment=args.max_attachment,
+        bash_timeout=args.bash_timeout or None,
+        bash_input_wait=args.bash_input_wait or None,
     )
     try:
         code = asyncio.run(server.serve())

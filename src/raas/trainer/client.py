@@ -196,23 +196,42 @@ class RaasClient:
 
     async def events(self, *, timeout_s: float | None = None) -> AsyncIterator[dict[str, Any]]:
         """Job state changes as they happen (Server-Sent Events), one dict per event."""
+        async for name, data in self.stream_events(timeout_s=timeout_s):
+            if name == "job" and data is not None:
+                yield data
+
+    async def stream_events(
+        self, *, terminal_only: bool = False, timeout_s: float | None = None
+    ) -> AsyncIterator[tuple[str, dict[str, Any] | None]]:
+        """The raw event stream as ``(name, data)`` pairs: ``("connected", None)`` once the service has
+        subscribed this stream (events from then on are not missed), ``("job", JobEvent dict)`` per state
+        change, ``("dropped", {"dropped": n})`` when this consumer fell behind and events were lost.
+        ``timeout_s`` bounds the wait for the next line (the service sends a keep-alive every 15 s)."""
         timeout = httpx.Timeout(self.timeout_s, read=timeout_s)
+        params = {"terminal_only": "true"} if terminal_only else None
         try:
-            async with self._http.stream("GET", "/v1/events", timeout=timeout) as resp:
+            async with self._http.stream("GET", "/v1/events", params=params, timeout=timeout) as resp:
                 if resp.status_code != 200:
                     await resp.aread()
                     raise _error_from(resp)
+                name = "job"
                 data: list[str] = []
                 async for line in resp.aiter_lines():
-                    if line.startswith("data:"):
+                    if line.startswith(": connected"):
+                        yield "connected", None
+                    elif line.startswith("event:"):
+                        name = line[6:].strip() or "job"
+                    elif line.startswith("data:"):
                         data.append(line[5:].lstrip(" "))
                     elif line == "" and data:
                         payload = "\n".join(data)
                         data = []
                         try:
-                            yield json.loads(payload)
+                            body = json.loads(payload)
                         except ValueError:
                             continue
+                        yield name, body if isinstance(body, dict) else None
+                        name = "job"
         except httpx.TimeoutException as e:
             raise RaasError("event stream idle for too long", kind="timeout") from e
         except httpx.HTTPError as e:

@@ -19,6 +19,7 @@ from raas.llm.types import (
     ContextWindowExceeded,
     GenerateResult,
     LLMError,
+    LLMTimeout,
     LLMUnavailable,
     SamplingParams,
     ServerInfo,
@@ -139,9 +140,7 @@ class ServerClient(ABC):
                 if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
                     last = f"{type(exc).__name__}"
                     continue
-                raise RaasError(
-                    f"{url}: no answer within {self.request_timeout_s:g}s", kind="timeout"
-                ) from exc
+                raise LLMTimeout(f"{url}: no answer within {self.request_timeout_s:g}s") from exc
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 continue
@@ -223,6 +222,16 @@ def require(body: Any, *keys: str | int) -> Any:
         except (KeyError, IndexError, TypeError) as exc:
             raise LLMError(f"server answer has no {path}") from exc
     return cur
+
+
+def logprob_of(value: Any, what: str) -> float | None:
+    """A reported logprob as a float, or ``None`` where the server reported none (never an invented 0.0:
+    a trainer must be able to tell a missing logprob from probability 1)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise LLMError(f"server answer: {what} is not a number: {value!r}")
+    return float(value)
 
 
 def int_list(value: Any, what: str) -> list[int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from raas.llm.servers.base import ServerClient, int_list, require
+from raas.llm.servers.base import ServerClient, int_list, logprob_of, require
 from raas.llm.types import GenerateResult, LLMError, SamplingParams, ServerInfo
 
 _FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
@@ -74,7 +74,8 @@ def align_logprobs(tokens: Sequence[int], probs: Sequence[Any]) -> list[float | 
     llama.cpp emits one entry per *complete UTF-8 text piece*: the byte tokens of a multi-byte character
     share one entry (carrying the id and logprob of the last of them), and trailing bytes of a character
     cut off by the length limit get none. The entries are therefore an ordered subsequence of ``tokens``;
-    tokens without an entry get ``None`` — never an invented number.
+    tokens without an entry (or whose entry carries a ``null`` logprob) get ``None`` — never an invented
+    number.
     """
     out: list[float | None] = [None] * len(tokens)
     j = 0
@@ -88,7 +89,7 @@ def align_logprobs(tokens: Sequence[int], probs: Sequence[Any]) -> list[float | 
         if eid is None and len(probs) != len(tokens):
             raise LLMError("llama.cpp probabilities carry no token ids: cannot align them with the tokens")
         if eid is None or eid == tid:
-            out[i] = float(entry["logprob"])
+            out[i] = logprob_of(entry["logprob"], f"completion_probabilities[{j}].logprob")
             j += 1
     if j != len(probs):
         raise LLMError(

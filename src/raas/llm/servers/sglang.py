@@ -5,7 +5,7 @@ request ``{"input_ids": [...], "sampling_params": {"max_new_tokens", "temperatur
 "min_p", "repetition_penalty", "stop_token_ids", "sampling_seed"}, "return_logprob": true}``; response
 ``{"text", "output_ids"?, "meta_info": {"finish_reason": {"type": "stop"|"length"|"abort", "matched"},
 "prompt_tokens", "completion_tokens", "cached_tokens", "output_token_logprobs": [[logprob, id, text|null],
-...], "weight_version"?}}``. Context length from ``/get_server_info`` (``context_length``) or
+...], "weight_version"?}}``; a ``null`` logprob stays ``None``. Context length from ``/get_server_info`` (``context_length``) or
 ``/get_model_info`` (``max_context_length``/``context_length``) when the server reports it.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from raas.llm.servers.base import ServerClient, require, sampling_fields
+from raas.llm.servers.base import ServerClient, logprob_of, require, sampling_fields
 from raas.llm.types import GenerateResult, LLMError, SamplingParams, ServerInfo
 
 
@@ -53,11 +53,11 @@ class SGLangClient(ServerClient):
         meta = require(body, "meta_info")
         entries = require(meta, "output_token_logprobs")
         ids: list[int] = []
-        logprobs: list[float] = []
+        logprobs: list[float | None] = []
         for i, entry in enumerate(entries):
             if not isinstance(entry, list | tuple) or len(entry) < 2 or not isinstance(entry[1], int):
                 raise LLMError(f"SGLang output_token_logprobs[{i}] is not [logprob, token_id, ...]")
-            logprobs.append(float(entry[0]) if entry[0] is not None else 0.0)
+            logprobs.append(logprob_of(entry[0], f"output_token_logprobs[{i}][0]"))
             ids.append(entry[1])
         output_ids = body.get("output_ids")
         if isinstance(output_ids, list) and output_ids and output_ids != ids:

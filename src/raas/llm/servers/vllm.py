@@ -6,6 +6,7 @@ Wire format (vLLM docs, OpenAI-compatible server and its protocol module):
   plus vLLM's extra sampling fields (``top_k``, ``min_p``, ``stop_token_ids``, ``repetition_penalty``).
   Response ``choices[0].token_ids`` (sampled IDs), ``choices[0].prompt_token_ids``,
   ``choices[0].logprobs.token_logprobs`` (one float per token), ``finish_reason``.
+* A logprob the server left out (``null``, or an entry without ``logprob``) is ``None``, never 0.0.
 * ``/inference/v1/generate`` request: ``{"model", "token_ids", "sampling_params": {...}, "stream": false}``;
   response ``choices[0].token_ids`` and ``choices[0].logprobs.content[].logprob``.
 * Context length: ``/v1/models`` ``data[0].max_model_len``.
@@ -18,7 +19,7 @@ from typing import Any, ClassVar
 
 import httpx
 
-from raas.llm.servers.base import ServerClient, int_list, require, sampling_fields
+from raas.llm.servers.base import ServerClient, int_list, logprob_of, require, sampling_fields
 from raas.llm.types import GenerateResult, LLMError, SamplingParams, ServerInfo
 
 
@@ -86,10 +87,16 @@ class VLLMClient(ServerClient):
         choice = require(body, "choices", 0)
         ids = int_list(require(choice, "token_ids"), "choices[0].token_ids")
         lp = choice.get("logprobs") or {}
+        logprobs: list[float | None]
         if "content" in lp:  # chat-style logprobs (tokens-only endpoint)
-            logprobs = [float(e["logprob"]) for e in lp["content"] or []]
+            entries = lp["content"] or []
+            logprobs = [
+                logprob_of(e.get("logprob") if isinstance(e, dict) else None, f"logprobs.content[{i}]")
+                for i, e in enumerate(entries)
+            ]
         else:
-            logprobs = [float(x) if x is not None else 0.0 for x in lp.get("token_logprobs") or []]
+            values = lp.get("token_logprobs") or []
+            logprobs = [logprob_of(x, f"token_logprobs[{i}]") for i, x in enumerate(values)]
         usage = body.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
         finish = choice.get("finish_reason") or "stop"

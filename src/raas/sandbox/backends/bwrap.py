@@ -1,22 +1,24 @@
 """The ``bwrap`` backend: bubblewrap, rootless, one set of namespaces per sandbox.
 
-* ``--unshare-all`` (user, pid, net, ipc, uts, cgroup namespaces): no network unless
-  ``config.network`` (then ``--share-net``); a PID namespace, so killing bwrap kills the whole tree.
+* Identity: the invoking user, or — when raas runs as root — a uid of the sandbox's own (see
+  :mod:`raas.sandbox.identity`); bwrap always creates a user namespace (``--unshare-user``) in which that
+  uid is root, and ``--disable-userns`` stops code inside from creating further ones.
+* ``--unshare-all``: no network unless ``config.network`` (then ``--share-net``); a PID namespace in which
+  the tool server is pid 1 (``--as-pid-1``): code inside can neither kill nor stop it.
 * ``--die-with-parent``: the sandbox dies with the host process even when that is SIGKILLed.
-* ``--uid 0 --gid 0``: fake root inside, the invoking user outside.
-* Filesystem: with bwrap >= 0.10 the image is the lower layer of a tmpfs-backed overlay
-  (``--overlay-src IMAGE --tmp-overlay /``), so everything is writable and changes vanish at close.
-  Older bwrap (0.8 on Debian 12) has no overlay; the fallback is the image bound read-only plus
-  writable places: the workspace (a host dir), and tmpfs on /tmp, /root, /run, /var/tmp. Installing
-  packages inside then fails with a read-only error; use an image that has them. With overlay support,
-  ``root_writes="host"`` backs the upper layer by ``<scratch>/overlay`` on disk instead of RAM.
-* The tool-server bundle is bound read-only at ``/.raas/lib``, the run dir (socket) at ``/.raas/run``.
+* Filesystem: the image bound read-only at ``/``; ``/.raas`` is a read-only tmpfs holding the tool-server
+  bundle (read-only), the run dir with the socket, and ``/.raas/rw``, where the boot step mounts the
+  sandbox's writable area (a tmpfs capped at ``disk_mb``, or the host dir ``<scratch>/rw`` with
+  ``root_writes="host"``) and binds it over the workdir, /tmp, /var/tmp, /root, /run and /dev/shm.
+* Capabilities: bwrap hands the boot step the capabilities of the new user namespace (``--cap-add ALL``);
+  it uses them for its mounts in a mount namespace of its own and drops them all before the tool server
+  starts. The same command works with every bwrap from 0.8 on (no ``--overlay`` needed).
+* Arguments go through ``--args FD``, so no host path shows up in any process's command line.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import re
 import shutil
 import subprocess
@@ -24,13 +26,10 @@ from pathlib import Path
 
 from raas.errors import RaasError
 from raas.sandbox import procs
-from raas.sandbox.base import INNER_LIB, INNER_RUN, SOCKET_NAME, LaunchSpec, Sandbox, parse_bind
+from raas.sandbox.base import INNER_AREA, INNER_LIB, INNER_RUN, SOCKET_NAME, LaunchSpec, Sandbox, parse_bind
 from raas.sandbox.images import ensure_sandbox_dir
-from raas.sandbox.limits import python_command, rlimit_args
 
 INNER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Writable tmpfs dirs in the read-only fallback (only those the image has).
-TMPFS_DIRS = ("/tmp", "/root", "/run", "/var/tmp")
 
 
 @functools.cache
@@ -72,8 +71,8 @@ class BwrapSandbox(Sandbox):
     """A bubblewrap sandbox over an unpacked root directory."""
 
     backend_name = "bwrap"
+    dedicated_identity = True
     exe: str | None = None
-    overlay: bool | None = None
     rootfs: Path | None = None
 
     def prepare(self) -> None:
@@ -82,50 +81,55 @@ class BwrapSandbox(Sandbox):
                 "the bwrap backend needs config.image (a rootfs dir or image source)", kind="bad_request"
             )
         self.exe = bwrap_binary()
-        if self.overlay is None:
-            self.overlay = bwrap_version(self.exe) >= (0, 10)
+        if bwrap_version(self.exe) < (0, 8):
+            raise RaasError("bubblewrap >= 0.8 is needed (--disable-userns)", kind="sandbox_start_failed")
         self.rootfs = ensure_sandbox_dir(self.config.image)
-        if not self.overlay:
-            ensure_mount_points(self.rootfs, [INNER_LIB, INNER_RUN, self.config.workdir])
-        elif self.config.root_writes == "host":
-            for d in ("upper", "work"):
-                (self.overlay_dir / d).mkdir(parents=True, exist_ok=True)
+        dests = [parse_bind(b)[1] for b in self.config.binds]
+        ensure_mount_points(self.rootfs, ["/.raas", self.config.workdir, *dests])
+        check_visible(
+            self, [self.rootfs, self.bundle_dir, *(Path(parse_bind(b)[0]) for b in self.config.binds)]
+        )
 
     def build_launch(self) -> LaunchSpec:
         cfg = self.config
-        exe = self.exe or "bwrap"
-        rootfs = str(self.rootfs or cfg.image)
-        argv = [exe, "--unshare-all"]
+        argv = [self.exe or "bwrap", "--unshare-all"]
         if cfg.network:
             argv.append("--share-net")
-        argv += ["--die-with-parent", "--new-session", "--uid", "0", "--gid", "0", "--hostname", "raas"]
-        if self.overlay and cfg.root_writes == "host":
-            upper, work = self.overlay_dir / "upper", self.overlay_dir / "work"
-            argv += ["--overlay-src", rootfs, "--overlay", str(upper), str(work), "/"]
-        elif self.overlay:
-            argv += ["--overlay-src", rootfs, "--tmp-overlay", "/"]
-        else:
-            argv += ["--ro-bind", rootfs, "/"]
-        argv += ["--proc", "/proc", "--dev", "/dev"]
-        for d in TMPFS_DIRS:
-            if d == "/tmp" or os.path.isdir(rootfs + d):
-                argv += ["--tmpfs", d]
-        if self.overlay:
-            argv += ["--dir", INNER_LIB, "--dir", INNER_RUN]
-        argv += ["--bind", str(self.workspace), cfg.workdir]
+        argv += ["--unshare-user", "--disable-userns", "--die-with-parent", "--new-session", "--as-pid-1"]
+        argv += ["--uid", "0", "--gid", "0", "--hostname", "raas", "--cap-add", "ALL"]
+        argv += ["--ro-bind", str(self.rootfs or cfg.image), "/", "--proc", "/proc", "--dev", "/dev"]
+        argv += ["--tmpfs", "/.raas", "--dir", INNER_AREA, "--dir", INNER_LIB, "--dir", INNER_RUN]
         argv += ["--ro-bind", str(self.bundle_dir), INNER_LIB, "--bind", str(self.run_dir), INNER_RUN]
+        if cfg.root_writes == "host":
+            argv += ["--bind", str(self.area_dir), INNER_AREA]
+        argv += ["--remount-ro", "/.raas"]
         for spec in cfg.binds:
             host, dest, ro = parse_bind(spec)
             argv += ["--ro-bind" if ro else "--bind", host, dest]
         argv += ["--clearenv"]
         for k, v in inner_env(self.id, cfg.env).items():
             argv += ["--setenv", k, v]
-        argv += ["--chdir", cfg.workdir, *cfg.extra_args, "--"]
-        limits = rlimit_args(cfg.memory_mb, cfg.file_size_mb, cfg.max_procs)
-        argv += python_command(
-            cfg.python, "raas_toolserver", self.server_args(f"{INNER_RUN}/{SOCKET_NAME}", cfg.workdir), limits
+        argv += ["--chdir", "/", *cfg.extra_args, "--"]
+        argv += self.boot_command(
+            cfg.python, self.container_boot_args(), f"{INNER_RUN}/{SOCKET_NAME}", cfg.workdir
         )
-        return LaunchSpec(argv=argv, env={"PATH": os.environ.get("PATH", INNER_PATH)})
+        return LaunchSpec(argv=argv, env={}, args_via_fd=True)
+
+
+def check_visible(sb: Sandbox, paths: list[Path]) -> None:
+    """With a dedicated uid the runtime cannot enter root's private dirs: say so before it fails."""
+    if not sb.identity.dedicated:
+        return
+    from raas.sandbox.identity import traversable_by_others
+
+    for p in paths:
+        if not traversable_by_others(p):
+            raise RaasError(
+                f"{p} is not reachable by the sandbox's uid {sb.identity.uid} (a parent directory lacks o+x); "
+                "keep images, the state dir and bind sources in world-traversable directories "
+                "(e.g. RAAS_IMAGE_CACHE=/var/cache/raas/images)",
+                kind="sandbox_start_failed",
+            )
 
 
 def ensure_mount_points(rootfs: Path, inner: list[str]) -> None:

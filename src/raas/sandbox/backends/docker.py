@@ -3,7 +3,10 @@
 Runs ``docker run --rm --init`` with the tool-server bundle and the run dir bound in; the container is
 named after the sandbox id so close() can remove it even if the client process is gone
 (``docker rm -f``). Limits map onto the engine's cgroups (``--memory``, ``--pids-limit``) and
-``--ulimit fsize``. The ready line arrives on the attached stdout, as with every backend.
+``--ulimit fsize``; every capability is dropped and no_new_privs set (``--cap-drop ALL``,
+``--security-opt no-new-privileges``). Disk and pty caps are the engine's business (``--storage-opt``
+through ``extra_args`` where the storage driver supports it). The ready line arrives on the attached
+stdout, as with every backend.
 """
 
 from __future__ import annotations
@@ -11,11 +14,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 from raas.errors import RaasError
 from raas.sandbox.backends.bwrap import INNER_PATH, inner_env
 from raas.sandbox.base import INNER_LIB, INNER_RUN, SOCKET_NAME, LaunchSpec, Sandbox, parse_bind
-from raas.sandbox.limits import python_command
 
 
 class DockerSandbox(Sandbox):
@@ -31,6 +34,9 @@ class DockerSandbox(Sandbox):
     def image_ref(self) -> str:
         image = self.config.image or ""
         return image.removeprefix("docker://")
+
+    def sandbox_dirs(self) -> list[Path]:
+        return [self.run_dir, self.workspace]
 
     def prepare(self) -> None:
         if not self.config.image:
@@ -52,6 +58,10 @@ class DockerSandbox(Sandbox):
             f"raas.sandbox={self.id}",
             "--hostname",
             "raas",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
         ]
         argv += ["--network", "bridge" if cfg.network else "none"]
         argv += [
@@ -79,9 +89,7 @@ class DockerSandbox(Sandbox):
         for k, v in inner_env(self.id, cfg.env).items():
             argv += ["-e", f"{k}={v}"]
         argv += [*cfg.extra_args, self.image_ref()]
-        argv += python_command(
-            cfg.python, "raas_toolserver", self.server_args(f"{INNER_RUN}/{SOCKET_NAME}", cfg.workdir), []
-        )
+        argv += self.boot_command(cfg.python, [], f"{INNER_RUN}/{SOCKET_NAME}", cfg.workdir)
         return LaunchSpec(
             argv=argv, env={"PATH": os.environ.get("PATH", INNER_PATH), "HOME": os.environ.get("HOME", "/")}
         )

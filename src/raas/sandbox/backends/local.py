@@ -2,7 +2,8 @@
 
 No isolation at all (trusted tasks and development); it is the fastest backend and the baseline the
 others are measured against. The server runs on the host's own Python with the tool-server bundle on
-``PYTHONPATH``; the workspace is a host dir, so ``config.workdir`` is ignored.
+``PYTHONPATH``; the workspace is a private host dir (mode 0700), so ``config.workdir`` is ignored, and only
+the resource limits (RLIMITs) of the config apply: no disk, pty or capability confinement.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from pathlib import Path
 
 from raas.sandbox.base import LaunchSpec, Sandbox
-from raas.sandbox.limits import python_command, rlimit_args
 
 # Host variables worth keeping (locale, temp dir); everything else is dropped for reproducibility.
 PASS_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
@@ -22,6 +23,12 @@ class LocalSandbox(Sandbox):
     """Host process, own session and workspace; dies with its parent where ``setpriv`` exists."""
 
     backend_name = "local"
+
+    def sandbox_dirs(self) -> list[Path]:
+        return [self.run_dir, self.workspace, self.home]
+
+    def run_dir_inside(self) -> str:
+        return str(self.run_dir)  # no root of its own: the host path is the path
 
     def build_launch(self) -> LaunchSpec:
         cfg = self.config
@@ -34,12 +41,8 @@ class LocalSandbox(Sandbox):
             PYTHONDONTWRITEBYTECODE="1",
         )
         env.update(cfg.env)
-        limits = rlimit_args(cfg.memory_mb, cfg.file_size_mb, cfg.max_procs)
-        argv = python_command(
-            sys.executable,
-            "raas_toolserver",
-            self.server_args(str(self.socket_path), str(self.workspace)),
-            limits,
+        argv = self.boot_command(
+            sys.executable, self.rlimit_args(), str(self.socket_path), str(self.workspace)
         )
         setpriv = shutil.which("setpriv")
         if setpriv:

@@ -1,8 +1,10 @@
 """Prometheus metrics for raas: one process-wide registry any layer may record into.
 
-This module imports nothing else from raas, so the agent loop, the LLM balancer and the sandbox client can
-call :func:`observe_tool` / :func:`observe_llm` without pulling in the pipeline. Per-service gauges (queue
-depth, active jobs) are read at scrape time by :class:`StageGaugeCollector` instead of being pushed.
+It lives in :mod:`raas.core` and imports nothing else from raas, so the agent loop and the LLM balancer
+record into it (:func:`observe_tool`, :func:`observe_llm_attempt`) without importing the pipeline above
+them. Per-service gauges (queue depth, active jobs) are read at scrape time by
+:class:`StageGaugeCollector` instead of being pushed. Every raas metric lives on :data:`REGISTRY`, the registry ``/metrics`` serves; none on prometheus_client's
+default registry, which ``/metrics`` does not show.
 """
 
 from __future__ import annotations
@@ -39,11 +41,17 @@ TOOL_LATENCY = Histogram(
     buckets=_CALL_BUCKETS,
     registry=REGISTRY,
 )
-LLM_LATENCY = Histogram(
-    "raas_llm_latency_seconds",
-    "Latency of one generate call",
-    ["server", "ok"],
+LLM_ATTEMPT = Histogram(
+    "raas_llm_attempt_seconds",
+    "Latency of every attempt the LLM balancer sent to a server, by outcome (ok, failover, error, cancelled)",
+    ["server", "outcome"],
     buckets=_CALL_BUCKETS,
+    registry=REGISTRY,
+)
+TOOL_CALLS = Counter(
+    "raas_tool_calls",
+    "Tool calls read from model output, by format and outcome (ok, malformed, unknown_tool)",
+    ["format", "outcome"],
     registry=REGISTRY,
 )
 ERRORS = Counter(
@@ -67,9 +75,15 @@ def observe_tool(tool: str, seconds: float, ok: bool = True) -> None:
     TOOL_LATENCY.labels(tool=tool, ok=str(ok).lower()).observe(seconds)
 
 
-def observe_llm(server: str, seconds: float, ok: bool = True) -> None:
-    """Record one generate call against ``server`` (its base URL)."""
-    LLM_LATENCY.labels(server=server, ok=str(ok).lower()).observe(seconds)
+def observe_llm_attempt(server: str, seconds: float, outcome: str) -> None:
+    """Record one attempt of a generate call against ``server``; ``outcome`` is ``ok``, ``failover`` (the
+    server failed and the call moved on), ``error`` (the call failed with it) or ``cancelled``."""
+    LLM_ATTEMPT.labels(server=server, outcome=outcome).observe(seconds)
+
+
+def count_tool_call(fmt: str, outcome: str) -> None:
+    """Count one tool call parsed out of model output (``fmt``: hermes, qwen_xml, llama, json)."""
+    TOOL_CALLS.labels(format=fmt, outcome=outcome).inc()
 
 
 def count_error(stage: str | None, kind: str) -> None:

@@ -1,9 +1,4 @@
-"""The ``raas`` command line: ``serve``, ``run``, ``status`` here, plus the sub-apps each layer owns.
-
-``raas run builtin:math`` is the first command a new user types: with no ``--server`` and no ``--llm`` it
-brings up everything in this process (the embedded llama.cpp model server, the rollout service on a free
-port), runs the dataset over HTTP exactly as a trainer would, prints a summary, and tears it all down.
-"""
+"""``raas run``: run a dataset end to end over HTTP, as a trainer would, and summarise it."""
 
 from __future__ import annotations
 
@@ -11,16 +6,11 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import secrets
-import shutil
 import signal
-import socket
-import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,146 +20,11 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from raas.cli.common import choose_sandbox, console, fail
+from raas.cli.inprocess import embedded_llm, service_in_process
 from raas.errors import RaasError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="raas: Rollout-as-a-Service")
-console = Console(stderr=True)
-
-DEFAULT_SERVER = "http://127.0.0.1:8008"
-MATH_IMAGE_PACKAGES = ("python3", "python3-ipykernel", "python3-jupyter-client")
-"""What the math task needs inside a Debian sandbox image (IPython kernel for the ``ipython`` tool)."""
 TERMINAL = ("completed", "failed", "timeout", "cancelled")
-IN_FLIGHT = ("queued", "init", "queued_run", "run", "queued_eval", "eval")
-_JOB_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._:@+=-]")
-
-
-def _mount() -> None:
-    """Attach each layer's commands; a layer owns its own ``cli.py``."""
-    from raas.llm.cli import llm_app, tokenizer_app
-    from raas.sandbox.cli import image_app
-
-    app.add_typer(image_app, name="image", help="Build sandbox images.")
-    app.add_typer(llm_app, name="llm", help="The embedded model server and LLM utilities.")
-    app.add_typer(tokenizer_app, name="tokenizer", help="Chat-template checks.")
-
-
-def _fail(exc: RaasError) -> typer.Exit:
-    console.print(f"[red]error[/red] ({exc.kind}): {exc.message}")
-    return typer.Exit(2 if exc.kind == "bad_request" else 1)
-
-
-# -- sandbox choice ---------------------------------------------------------------------------------------
-
-
-def choose_sandbox(backend: str, image: str | None) -> dict[str, Any]:
-    """The default sandbox fields for the service: bwrap with the math image when this machine can run it
-    (building the image once if needed), else ``local``."""
-    if backend == "local":
-        return {"backend": "local"}
-    if backend not in ("auto", "bwrap", "apptainer"):
-        return {"backend": backend, **({"image": image} if image else {})}
-    if image:
-        return {"backend": "bwrap" if backend == "auto" else backend, "image": image}
-    from raas.sandbox.images import ImageSpec, build_rootfs, rootfs_path
-
-    spec = ImageSpec(packages=MATH_IMAGE_PACKAGES)
-    built = (rootfs_path(spec) / "usr").is_dir()
-    can_build = os.geteuid() == 0 and shutil.which("debootstrap") is not None
-    if backend == "auto" and (shutil.which("bwrap") is None or not (built or can_build)):
-        console.print(
-            "[yellow]bwrap or a sandbox image is unavailable: using the 'local' sandbox "
-            "(no isolation)[/yellow]"
-        )
-        return {"backend": "local"}
-    if not built:
-        with console.status("building the sandbox image once (debootstrap, about two minutes)..."):
-            build_rootfs(spec)
-    return {"backend": "bwrap" if backend == "auto" else backend, "image": str(rootfs_path(spec))}
-
-
-# -- in-process service -----------------------------------------------------------------------------------
-
-
-def _quiet_uvicorn(app_: Any, **options: Any) -> Any:
-    """A uvicorn server that leaves signal handling to its caller, so raas decides how to wind down."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    settings: dict[str, Any] = {"log_level": "warning", "lifespan": "on", "access_log": False, **options}
-    return Server(uvicorn.Config(app_, **settings))
-
-
-def listen_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A bound TCP socket for uvicorn to serve on.
-
-    The protocol must be given as ``IPPROTO_TCP``: asyncio sets ``TCP_NODELAY`` on accepted connections
-    only when the listening socket says it is TCP, and without it every small response waits for the
-    client's delayed ACK (about 40 ms per HTTP call)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-@contextlib.asynccontextmanager
-async def service_in_process(config: Any, **layers: Any) -> AsyncIterator[str]:
-    """Run the rollout service and its HTTP API on a free local port; yields the base URL.
-
-    ``layers`` go to :class:`RolloutService` (e.g. a ``sandbox_manager`` the caller owns and inspects)."""
-    from raas.api.app import create_app
-    from raas.pipeline.service import RolloutService
-
-    service = RolloutService(config, **layers)
-    await service.start()
-    sock: socket.socket | None = None
-    try:
-        sock = listen_socket()
-        port = sock.getsockname()[1]
-        server = _quiet_uvicorn(create_app(service))
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        try:
-            while not server.started:
-                if task.done():
-                    task.result()
-                    raise RaasError("the API server stopped during start-up", kind="internal")
-                await asyncio.sleep(0.02)
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            # End the event streams first: an open SSE connection would hold uvicorn's graceful stop.
-            service.bus.close()
-            server.should_exit = True
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(task, 15)
-    finally:
-        if sock is not None:
-            sock.close()
-        await service.shutdown()
-
-
-@contextlib.asynccontextmanager
-async def embedded_llm(context: int, slots: int) -> AsyncIterator[str]:
-    """The embedded llama.cpp SmolLM2 server for the length of the block; yields its URL."""
-    from raas.llm.embedded import EmbeddedServer
-
-    # One decoding slot per RUN worker: more would sit idle, fewer would queue inside llama-server where
-    # the wait counts against the rollout's RUN time.
-    server = EmbeddedServer(ctx_per_slot=context, parallel=slots)
-    await server.start()
-    try:
-        yield server.url
-    finally:
-        await server.stop()
-
-
-# -- the run driver ---------------------------------------------------------------------------------------
 
 
 def make_jobs(
@@ -444,12 +299,10 @@ def _run_main(coro: Any) -> Any:
         raise typer.Exit(130) from None
 
 
-# -- commands ---------------------------------------------------------------------------------------------
-
-
-@app.command()
 def run(
-    dataset: Annotated[str, typer.Argument(help="builtin:math, builtin:math:N, or a .jsonl/.parquet file")],
+    dataset: Annotated[
+        str, typer.Argument(help="builtin:NAME[:N] (math, humaneval, stem), or a .jsonl/.parquet file")
+    ],
     n_samples: Annotated[int, typer.Option("--n-samples", "-n", min=1, help="Rollouts per instance")] = 1,
     server: Annotated[str | None, typer.Option(help="Use a running raas service at this URL")] = None,
     llm: Annotated[
@@ -486,7 +339,7 @@ def run(
             raise RaasError(f"dataset {dataset} is empty", kind="bad_request")
         box = None if server else choose_sandbox(sandbox, image)
     except RaasError as e:
-        raise _fail(e) from None
+        raise fail(e) from None
     sampling: dict[str, Any] = {"temperature": temperature}
     if seed is not None:
         sampling["seed"] = seed
@@ -513,153 +366,8 @@ def run(
             )
         )
     except RaasError as e:
-        raise _fail(e) from None
+        raise fail(e) from None
     if as_json:
         print(json.dumps(summary))
     if not summary["status"].get("completed"):
         raise typer.Exit(1)
-
-
-@app.command()
-def serve(
-    config: Annotated[Path | None, typer.Option(help="Service config (JSON or TOML)")] = None,
-    host: Annotated[str | None, typer.Option()] = None,
-    port: Annotated[int | None, typer.Option()] = None,
-    sandbox: Annotated[
-        str | None, typer.Option(help="Sandbox backend for every job (local, bwrap, ...)")
-    ] = None,
-    image: Annotated[str | None, typer.Option(help="Sandbox image for every job")] = None,
-    llm: Annotated[list[str] | None, typer.Option(help="Inference server URL (repeatable)")] = None,
-    tokenizer: Annotated[Path | None, typer.Option(help="Chat tokenizer dir of the policy model")] = None,
-    init_workers: Annotated[int | None, typer.Option()] = None,
-    run_workers: Annotated[int | None, typer.Option()] = None,
-    eval_workers: Annotated[int | None, typer.Option()] = None,
-) -> None:
-    """Serve the rollout API until SIGINT/SIGTERM, then shut down gracefully."""
-    from raas.pipeline.config import ServiceConfig
-
-    try:
-        box = None
-        if sandbox or image:
-            box = choose_sandbox(sandbox or "auto", image)
-        cfg = ServiceConfig.load(
-            config,
-            host=host,
-            port=port,
-            sandbox=box,
-            llm_servers=llm or None,
-            tokenizer_dir=tokenizer,
-            init_workers=init_workers,
-            run_workers=run_workers,
-            eval_workers=eval_workers,
-        )
-        if cfg.tokenizer_dir is None:
-            from raas.llm.models import default_tokenizer_dir
-
-            cfg = cfg.model_copy(update={"tokenizer_dir": default_tokenizer_dir()})
-    except RaasError as e:
-        raise _fail(e) from None
-    try:
-        asyncio.run(_serve(cfg))
-    except RaasError as e:
-        raise _fail(e) from None
-
-
-async def _serve(cfg: Any) -> None:
-    """Serve until SIGINT/SIGTERM, then drain: :func:`raas.api.serve` stops uvicorn (ending event streams
-    at once) and the app's lifespan shuts the service down."""
-    from raas.api import serve
-    from raas.pipeline.service import RolloutService
-
-    service = RolloutService(cfg)
-    console.print(f"raas: serving on http://{cfg.host}:{cfg.port}")
-    try:
-        with _stop_signals_end_cleanly():
-            await serve(service, host=cfg.host, port=cfg.port, log_level="info")
-    except SystemExit as exc:  # uvicorn exits when it cannot bind or the service cannot start
-        raise RaasError(
-            f"could not serve on {cfg.host}:{cfg.port} (exit {exc.code}; see the log above)",
-            kind="unavailable",
-        ) from None
-    finally:
-        await service.shutdown()  # a no-op after a normal stop; closes what a failed start left
-
-
-@contextlib.contextmanager
-def _stop_signals_end_cleanly() -> Iterator[None]:
-    """Let a SIGINT/SIGTERM that stopped the server end ``raas serve`` with status 0.
-
-    uvicorn handles the stop signal itself and, once it has shut down, raises it again against the
-    handler that was installed before it started; with the default handlers that would kill the process
-    (or raise KeyboardInterrupt) after a clean drain. A no-op handler installed here absorbs it."""
-    signals = (signal.SIGINT, signal.SIGTERM)
-    previous = {sig: signal.signal(sig, lambda _sig, _frame: None) for sig in signals}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-@app.command()
-def status(
-    server: Annotated[str, typer.Option(help="raas service URL")] = DEFAULT_SERVER,
-    as_json: Annotated[bool, typer.Option("--json", help="Print raw JSON")] = False,
-) -> None:
-    """Queue depth and activity per stage, and the inference servers, of a running service."""
-    from raas.trainer.client import RaasClient
-
-    async def fetch() -> tuple[dict[str, Any], Any]:
-        async with RaasClient(server, token=os.environ.get("RAAS_API_TOKEN"), timeout_s=10.0) as c:
-            return await c.status(), await c.servers()
-
-    try:
-        st, servers = asyncio.run(fetch())
-    except RaasError as e:
-        raise _fail(e) from None
-    if as_json:
-        print(json.dumps({"status": st, "servers": servers}))
-        return
-    out = Console()
-    stages = st.get("stages") if isinstance(st, dict) else None
-    if isinstance(stages, dict):
-        t = Table(title=f"raas at {server}")
-        t.add_column("stage")
-        cols = sorted({k for v in stages.values() if isinstance(v, dict) for k in v})
-        for c in cols:
-            t.add_column(c, justify="right")
-        for name, v in stages.items():
-            t.add_row(name, *(str(v.get(c, "")) if isinstance(v, dict) else "" for c in cols))
-        out.print(t)
-    if isinstance(st, dict):
-        skip = ("stages", "llm_servers")
-        out.print_json(json.dumps({k: v for k, v in st.items() if k not in skip}, default=str))
-    rows = servers.get("servers") if isinstance(servers, dict) else servers
-    if isinstance(rows, list) and rows:
-        t = Table(title="inference servers")
-        for c in ("address", "kind", "weight_version", "healthy", "in_flight", "requests", "failures"):
-            t.add_column(c)
-        for r in rows:
-            t.add_row(
-                *(
-                    str(r.get(c, ""))
-                    for c in (
-                        "address",
-                        "kind",
-                        "weight_version",
-                        "healthy",
-                        "in_flight",
-                        "requests",
-                        "failures",
-                    )
-                )
-            )
-        out.print(t)
-    else:
-        out.print("no inference servers registered")
-
-
-_mount()
-
-if __name__ == "__main__":
-    sys.exit(app())

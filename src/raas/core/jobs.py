@@ -1,4 +1,4 @@
-"""Job requests, states and results: the records the pipeline, the ledger and the API share.
+"""Job requests, states and results: the records the pipeline, the ledger, the API and handlers share.
 
 A job moves ``queued → init → queued_run → run → queued_eval → eval`` and ends in exactly one terminal
 status (``completed``, ``failed``, ``timeout``, ``cancelled``). The result keeps the token-exact record of the
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import re
 import uuid
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from raas.agent.trajectory import Message, TokenTrajectory, Turn
+from raas.core.trajectory import Message, TokenTrajectory, Turn
 
 JobStatus = Literal[
     "queued",
@@ -90,13 +91,18 @@ class ErrorInfo(BaseModel):
 
 
 class Timing(BaseModel):
-    """Seconds spent waiting in queues and inside each stage; ``total_s`` is wall time from accept to end."""
+    """Seconds spent waiting in queues and inside each stage; ``total_s`` is wall time from accept to end.
+
+    ``prewarm_s`` is the time the handler's EVAL prewarm took (e.g. starting the fresh EVAL sandbox), which
+    runs alongside RUN: it overlaps ``run_s`` and is not part of ``total_s - queue_s - init_s - run_s -
+    eval_s``; 0 for handlers without one. Only what EVAL still had to wait for it counts in ``eval_s``."""
 
     queue_s: float = 0.0
     init_s: float = 0.0
     run_s: float = 0.0
     eval_s: float = 0.0
     total_s: float = 0.0
+    prewarm_s: float = 0.0
 
 
 class JobResult(BaseModel):
@@ -113,6 +119,10 @@ class JobResult(BaseModel):
     messages: list[Message] = Field(default_factory=list)
     turns: list[Turn] = Field(default_factory=list)
     token_trajectory: TokenTrajectory = Field(default_factory=TokenTrajectory)
+    segments: list[TokenTrajectory] = Field(
+        default_factory=list,
+        description="Empty for one token sequence; else every sequence in order (token_trajectory is the last)",
+    )
     artifacts: dict[str, Any] = Field(default_factory=dict)
     timing: Timing = Field(default_factory=Timing)
 
@@ -147,3 +157,30 @@ class JobEvent(BaseModel):
     reward: float | None = None
     filter: bool | None = None
     error: ErrorInfo | None = None
+
+
+@dataclass
+class Job:
+    """A job as a task handler sees it."""
+
+    job_id: str
+    instance: dict[str, Any]
+    trajectory_id: str
+    sampling_params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def data_source(self) -> str:
+        return str(self.instance.get("data_source", ""))
+
+    @property
+    def instance_id(self) -> str:
+        return str(self.instance.get("instance_id", self.job_id))
+
+    @property
+    def group_key(self) -> str:
+        """The samples of one GRPO group share this key: the instance's ``group_id`` (the trainer's
+        :class:`~raas.trainer.RolloutClient` sets it), else its data source and ``instance_id``."""
+        group_id = self.instance.get("group_id")
+        if isinstance(group_id, str) and group_id:
+            return group_id
+        return f"{self.data_source}:{self.instance_id}"

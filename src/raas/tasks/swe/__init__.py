@@ -1,0 +1,1 @@
+"""SWE-style tasks built offline from real packages: ``raas swe build`` (see docs/swe-records.md)."""

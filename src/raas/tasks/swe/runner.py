@@ -1,0 +1,140 @@
+"""Running tests in raas sandboxes: the builder's suite runs and the SWE-bench evaluation loop.
+
+Test output goes to a file inside the sandbox and is read back whole (the bash tool caps what it returns,
+and ``-rA`` summaries of large suites are long). Every run has a wall-clock limit enforced by the tool
+server: a mutation that loops forever is a timed-out run, not a hung build.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raas.errors import RaasError
+from raas.sandbox import SandboxConfig
+from raas.sandbox.base import Sandbox
+
+from . import grading
+
+TEST_LOG = "/tmp/raas-swe-test-output.txt"
+APPLY_TIMEOUT_S = 60.0
+
+
+@dataclass
+class CommandRun:
+    """One run of a test command."""
+
+    exit_code: int | None
+    output: str
+    timed_out: bool
+    seconds: float
+
+
+def sandbox_config(
+    image: str | Path,
+    *,
+    backend: str = "bwrap",
+    timeout_s: float = 300.0,
+    memory_mb: int | None = 4096,
+    workdir: str = "/testbed",
+) -> SandboxConfig:
+    """A networkless sandbox from ``image`` whose ``workdir`` (the repository) is a writable copy."""
+    return SandboxConfig(
+        backend=backend,
+        image=str(image),
+        network=False,
+        workdir=workdir,
+        command_timeout_s=timeout_s,
+        memory_mb=memory_mb,
+        max_procs=512,
+        disk_mb=1024,
+        start_timeout_s=120,
+    )
+
+
+async def run_command(
+    sb: Sandbox, command: str, *, timeout_s: float, workdir: str = "/testbed"
+) -> CommandRun:
+    """Run ``command`` in ``workdir``; its combined output is read back from a file, uncapped."""
+    t0 = time.monotonic()
+    res = await sb.tools.bash(
+        f"cd {shlex.quote(workdir)} && ( {command} ) > {TEST_LOG} 2>&1", timeout=timeout_s
+    )
+    try:
+        raw = await sb.tools.read_file(TEST_LOG)
+    except RaasError:
+        raw = b""
+    return CommandRun(
+        exit_code=None if res.timed_out else res.exit_code,
+        output=raw.decode("utf-8", errors="replace"),
+        timed_out=res.timed_out,
+        seconds=time.monotonic() - t0,
+    )
+
+
+async def apply_patch(
+    sb: Sandbox, patch: str, name: str, *, workdir: str = "/testbed", fuzzy: bool = False
+) -> tuple[str | None, str]:
+    """Apply a patch in ``workdir``: ``git apply``, then (``fuzzy``) SWE-bench's fallback
+    ``patch --batch --fuzz=5 -p1``. Returns (the method that applied it or None, the tools' output)."""
+    path = f"/tmp/raas-{name}.patch"
+    await sb.tools.write_file(path, patch.encode("utf-8"))
+    wd = shlex.quote(workdir)
+    res = await sb.tools.bash(f"cd {wd} && git apply --verbose {path}", timeout=APPLY_TIMEOUT_S)
+    if res.exit_code == 0:
+        return "git apply", res.output
+    if not fuzzy:
+        return None, res.output
+    # A failed `patch` may have applied some hunks: restore the tracked files it touched first.
+    fb = await sb.tools.bash(
+        f"cd {wd} && patch --batch --fuzz=5 -p1 --no-backup-if-mismatch -r - -i {path}",
+        timeout=APPLY_TIMEOUT_S,
+    )
+    if fb.exit_code == 0:
+        return "patch --fuzz", res.output + fb.output
+    await sb.tools.bash(f"cd {wd} && git checkout -- . 2>/dev/null; true", timeout=APPLY_TIMEOUT_S)
+    return None, res.output + fb.output
+
+
+@dataclass
+class EvalResult:
+    """The evaluation of one patch against one record."""
+
+    patch_applied: bool  # False: the model's patch did not apply (nothing was run)
+    apply_output: str
+    apply_method: str | None = None  # "git apply" or "patch --fuzz" (None: empty patch or not applied)
+    test_patch_applied: bool = False
+    run: CommandRun | None = None
+    grade: grading.Grade | None = None
+
+    @property
+    def resolved(self) -> bool:
+        return self.grade is not None and self.grade.resolved
+
+
+async def evaluate(
+    sb: Sandbox, record: Mapping[str, Any], model_patch: str, *, timeout_s: float = 300.0, fuzzy: bool = True
+) -> EvalResult:
+    """SWE-bench's evaluation in ``sb`` (started from the record's image, the repository at its
+    ``workdir`` and ``base_commit``): apply the model patch (``git apply``, then ``patch --fuzz`` unless
+    ``fuzzy`` is off; an empty patch is skipped), apply ``test_patch``, run ``test_cmd``, grade with
+    SWE-bench's parser and grading functions."""
+    workdir = str(record.get("workdir", "/testbed"))
+    out, method = "", None
+    if model_patch.strip():
+        method, out = await apply_patch(sb, model_patch, "model", workdir=workdir, fuzzy=fuzzy)
+        if method is None:
+            return EvalResult(patch_applied=False, apply_output=out)
+    applied, test_out = await apply_patch(sb, str(record["test_patch"]), "test", workdir=workdir)
+    if applied is None:
+        return EvalResult(True, out + test_out, method, test_patch_applied=False)
+    run = await run_command(sb, str(record["test_cmd"]), timeout_s=timeout_s, workdir=workdir)
+    if run.timed_out:
+        return EvalResult(True, out, method, True, run, None)
+    grade = await asyncio.to_thread(grading.grade, record, run.output, run.exit_code)
+    return EvalResult(True, out, method, True, run, grade)

@@ -38,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from raas.llm.embedded import EmbeddedServer, llama_server_binary
+from raas.llm.embedded import EmbeddedServer, describe_exit, llama_server_binary
 from raas.llm.models import default_gguf_path
 
 OUT = Path(__file__).parent / "results" / "embedded.json"
@@ -135,10 +135,33 @@ async def run_server(
             "temperature": 0.0,
         }
         for rep in range(args.warmup + args.reps):
-            run = await one_request(http, body, srv.pid)
+            run = await request_or_retry(srv, http, body)
             if rep >= args.warmup:
                 runs.append(run)
     return runs
+
+
+async def request_or_retry(
+    srv: EmbeddedServer, http: httpx.AsyncClient, body: dict[str, Any]
+) -> dict[str, float]:
+    """One request; once more on a fresh connection when the server dropped a kept-alive one."""
+    assert srv.pid is not None
+    for attempt in (1, 2):
+        try:
+            return await one_request(http, body, srv.pid)
+        except httpx.TransportError as exc:
+            await asyncio.sleep(1.0)  # let a dying server finish dying before asking whether it did
+            if srv.proc is not None and srv.proc.poll() is not None:
+                what = describe_exit(srv.proc.returncode)[0]
+                raise ServerDied(f"llama-server {what}: {srv.log_tail(lines=5)}") from exc
+            if attempt == 2:
+                raise
+            print(f"retrying after {exc!r} (the server is alive)", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
+class ServerDied(RuntimeError):
+    """The server under test died mid-run (something else on a shared machine may have killed it)."""
 
 
 def summarize(runs: list[dict[str, float]]) -> dict[str, Any]:
@@ -156,11 +179,32 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         (b[0], t): [] for b in builds for t in args.threads
     }
     loads = [os.getloadavg()[0]]
+    incidents: list[str] = []
     for rnd in range(args.rounds):
         for label, binary, repack in builds[rnd % len(builds) :] + builds[: rnd % len(builds)]:
             for threads in args.threads:
-                runs[(label, threads)] += await run_server(args, binary, repack, threads)
+                for attempt in (1, 2):
+                    try:
+                        runs[(label, threads)] += await run_server(args, binary, repack, threads)
+                        break
+                    except ServerDied as exc:
+                        incidents.append(f"round {rnd}, {label}, {threads} threads, try {attempt}: {exc}")
+                        print(incidents[-1], file=sys.stderr)
+                        if attempt == 2:
+                            raise
                 loads.append(os.getloadavg()[0])
+                write(args.out, report(args, builds, runs, loads, incidents, rounds_done=rnd))
+    return report(args, builds, runs, loads, incidents, rounds_done=args.rounds)
+
+
+def report(
+    args: argparse.Namespace,
+    builds: list[tuple[str, Path, bool]],
+    runs: dict[tuple[str, int], list[dict[str, float]]],
+    loads: list[float],
+    incidents: list[str],
+    rounds_done: int,
+) -> dict[str, Any]:
     return {
         "benchmark": "llm_embedded",
         "model": default_gguf_path().name,
@@ -168,8 +212,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "cores": os.cpu_count(),
         "prompt_tokens": args.prompt_tokens,
         "gen_tokens": args.gen_tokens,
-        "rounds": args.rounds,
+        "rounds_completed": rounds_done,
         "reps_per_round": args.reps,
+        "incidents": incidents,
         "loadavg_1min": {
             "min": round(min(loads), 2),
             "median": round(statistics.median(loads), 2),
@@ -181,7 +226,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 "repack": repack,
                 "build_flags": args.flags.get(label),
                 "compiled_features": compiled_features(binary),
-                "by_threads": {str(t): summarize(runs[(label, t)]) for t in args.threads},
+                "by_threads": {str(t): summarize(runs[(label, t)]) for t in args.threads if runs[(label, t)]},
             }
             for label, binary, repack in builds
         },
@@ -219,9 +264,14 @@ def main() -> None:
     args = parser.parse_args()
     args.flags = dict(f.split("=", 1) for f in args.flags)
     result = asyncio.run(main_async(args))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write(args.out, result)
     print(json.dumps(result))
+
+
+def write(out: Path, result: dict[str, Any]) -> None:
+    """Written after every server too, so that an interrupted run keeps what it measured."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -27,10 +27,10 @@ def dashboard_of(api: LiveAPI) -> Dashboard:
 
 async def until(check: Callable[[], Awaitable[bool]], what: str, limit_s: float = 30.0) -> None:
     """Poll ``check`` (the dashboard samples once a second) until it holds; fail after ``limit_s``."""
-    async with asyncio.timeout(limit_s):
-        while not await check():
-            await asyncio.sleep(0.1)
-    assert await check(), what
+    deadline = asyncio.get_running_loop().time() + limit_s
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, f"not within {limit_s} s: {what}"
+        await asyncio.sleep(0.1)
 
 
 async def snapshot(api: LiveAPI, **kw: Any) -> dict[str, Any]:
@@ -51,7 +51,7 @@ async def test_dashboard_refuses_without_the_token_and_never_shows_it(
     page = await c.get("/dashboard")
     assert page.status_code == 401
     assert page.headers["content-type"].startswith("text/html")
-    assert 'action="/dashboard/login"' in page.text and 'name=token type=password' in page.text
+    assert 'action="/dashboard/login"' in page.text and "name=token type=password" in page.text
     assert "script-src 'self'" in page.headers["content-security-policy"]
     for path in ("/dashboard/events", "/dashboard/snapshot", "/dashboard/static/nope.js"):
         r = await c.get(path)
@@ -134,7 +134,13 @@ async def test_dashboard_snapshot_follows_the_jobs(make_api: APIFactory) -> None
         assert [item["owner"] for item in live] == [held] and live[0]["backend"] == "local"
 
         jobs = [
-            {"instance": {"data_source": "test.script", "run": {"generate": [1, 2]}, "eval": {"reward": 1.0}}},
+            {
+                "instance": {
+                    "data_source": "test.script",
+                    "run": {"generate": [1, 2]},
+                    "eval": {"reward": 1.0},
+                }
+            },
             {"instance": {"data_source": "test.script", "eval": {"reward": 0.0}}},
             {"instance": {"data_source": "test.script", "eval": {"reward": 0.5}}},
             {
@@ -160,7 +166,11 @@ async def test_dashboard_snapshot_follows_the_jobs(make_api: APIFactory) -> None
         assert s["failure_kinds"] == [{"stage": "run", "kind": "tool_error", "count": 1}]
         [failure] = s["recent_failures"]
         assert failure["instance_id"] == "broken-1" and failure["status"] == "failed"
-        assert (failure["stage"], failure["kind"], failure["message"]) == ("run", "tool_error", "the tool broke")
+        assert (failure["stage"], failure["kind"], failure["message"]) == (
+            "run",
+            "tool_error",
+            "the tool broke",
+        )
         assert s["throughput"]["rollouts_per_s"] > 0
         [server] = s["llm"]["servers"]
         assert server["address"] == llm.url and server["requests"] == 1 and server["failures"] == 0

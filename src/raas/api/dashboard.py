@@ -64,7 +64,7 @@ _MEDIA = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=ut
 # put markup into the page could not run an inline script or load one from elsewhere.
 PAGE_HEADERS = {
     "Content-Security-Policy": (
-        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
         "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
@@ -128,6 +128,7 @@ def login_page(message: str = "") -> bytes:
     note = f'<p class="note">{html.escape(message)}</p>' if message else ""
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>raas dashboard: sign in</title>"
+        '<link rel=icon href="data:,">'
         f'<link rel=stylesheet href="{DASHBOARD_PATH}/static/dashboard.css"></head>'
         '<body class="login"><main><h1>raas dashboard</h1>'
         "<p>This service requires its API token (<code>RAAS_API_TOKEN</code>).</p>"

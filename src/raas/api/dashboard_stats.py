@@ -102,7 +102,10 @@ class ServiceStats:
                 while (event := await sub.get()) is not None:
                     self._dropped = sub.dropped
                     if is_terminal(event.status):
-                        self._record(event)
+                        try:
+                            self._record(event)
+                        except Exception:  # one odd event must not stop the dashboard's numbers
+                            log.exception("dashboard could not record the event of job %s", event.job_id)
         finally:
             subscribed.set()
             self.ended.set()  # the bus closed: the server is stopping

@@ -68,6 +68,13 @@ async def test_dashboard_refuses_without_the_token_and_never_shows_it(
     wrong = await c.post("/dashboard/login", data={"token": "guess"})
     assert wrong.status_code == 401 and "set-cookie" not in wrong.headers
     assert "Wrong token" in wrong.text
+    for odd in ({f"f{i}": "x" for i in range(50)} | {"token": TOKEN}, {}, {"token": ""}):
+        r = await c.post("/dashboard/login", data=odd)
+        assert r.status_code == 401 and "set-cookie" not in r.headers, odd
+    r = await c.post(
+        "/dashboard/login", content=b"\xff\xfe=%ZZ&token", headers={"content-type": "text/plain"}
+    )
+    assert r.status_code == 401 and "set-cookie" not in r.headers
     ok = await c.post("/dashboard/login", data={"token": TOKEN})
     assert ok.status_code == 303 and ok.headers["location"] == "/dashboard"
     set_cookie = ok.headers["set-cookie"]
@@ -183,8 +190,7 @@ async def test_dashboard_snapshot_follows_the_jobs(make_api: APIFactory) -> None
             return s["sandboxes"]["live"] == 0 and s["finished"].get("cancelled") == 1
 
         await until(released, "the cancelled job's sandbox is gone from the dashboard")
-        history = (await snapshot(api))["point"]
-        assert history["active"]["run"] == 0
+        assert (await snapshot(api))["point"]["active"]["run"] == 0
 
 
 async def test_a_dashboard_stream_that_loses_its_client_leaves_nothing_behind(make_api: APIFactory) -> None:

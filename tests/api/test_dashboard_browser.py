@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,7 +21,10 @@ import uvicorn
 from fastapi import FastAPI
 
 from raas.api import dashboard
+from raas.api.dashboard_stats import ServiceStats
 from raas.api.middleware import GuardMiddleware
+from raas.core.jobs import JobEvent
+from raas.pipeline.events import EventBus
 from tests.api.conftest import APIFactory
 from tests.doubles.scripted_llm import ScriptedLLM, fixed
 
@@ -179,34 +183,43 @@ async def test_dashboard_in_chromium_shows_job_errors_as_text(
     assert problems == []
 
 
-class NodesSource:
-    """A router's stats source, as a test double: two nodes, one of them down with an error."""
+class RouterDouble:
+    """The parts of a cluster router the dashboard reads (a test double): ``status()`` with its nodes, and
+    its job events. It has no sandbox manager, balancer or job table of its own."""
 
     def __init__(self) -> None:
-        self.ended = asyncio.Event()
+        self.bus = EventBus()
 
-    async def snapshot(self) -> dict[str, Any]:
+    def status(self) -> dict[str, Any]:
         return {
-            "t": 1.0,
+            "accepting": True,
+            "pending": 7,
+            "max_pending": 100,
+            "stages": {"init": {"queued": 1, "active": 1, "workers": 8}},
+            "finished": {"completed": 1},
+            "llm_servers": [{"address": "http://10.0.0.9:8000", "nodes": ["node-a"]}],
+            "llm_available": True,
+            "llm_paused": False,
             "nodes": [
-                {"name": "node-a", "url": "http://10.0.0.1:8008", "healthy": True, "pending": 7,
-                 "active": 3, "sandboxes": 3, "llm_in_flight": 2, "rollouts_per_s": 1.25, "error": None},
-                {"name": "node-b", "url": "http://10.0.0.2:8008", "healthy": False, "pending": 0,
-                 "active": 0, "sandboxes": 0, "llm_in_flight": 0, "rollouts_per_s": 0.0,
+                {"node_id": "node-a", "url": "http://10.0.0.1:8008", "host": "10.0.0.1", "capacity": 16,
+                 "jobs": 7, "load": 0.4375, "healthy": True, "llm_servers": ["http://10.0.0.9:8000"]},
+                {"node_id": "node-b", "url": "http://10.0.0.2:8008", "host": "10.0.0.2", "capacity": 16,
+                 "jobs": 0, "load": 0.0, "healthy": False, "llm_servers": [],
                  "error": "<i>unreachable</i> for 12 s"},
             ],
         }  # fmt: skip
 
-    def history(self) -> list[dict[str, Any]]:
-        return []
+    def events(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self.bus.subscribe()
 
 
 @contextlib.asynccontextmanager
-async def bare_app_with_dashboard() -> AsyncIterator[str]:
-    """The dashboard mounted on an app of its own (as a router mounts it), behind the API's guard."""
+async def bare_app_with_dashboard(router: RouterDouble) -> AsyncIterator[str]:
+    """The dashboard mounted on an app of its own, behind the API's guard, over a router's numbers."""
     app = FastAPI()
-    source = NodesSource()
-    dashboard.install(app, source, lambda: TOKEN)
+    stats = ServiceStats(router)
+    await stats.start()
+    dashboard.install(app, stats, lambda: TOKEN)
     app.add_middleware(GuardMiddleware, max_bytes=1 << 20, token=lambda: TOKEN)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
@@ -218,17 +231,23 @@ async def bare_app_with_dashboard() -> AsyncIterator[str]:
             await asyncio.sleep(0.01)
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
-        source.ended.set()
+        router.bus.close()  # what a router's shutdown does: the dashboard's streams end with its events
         server.should_exit = True
         await task
         sock.close()
+        await stats.aclose()
 
 
-async def test_dashboard_mounted_by_a_router_shows_its_nodes(browser_page: tuple[Any, list[str]]) -> None:
+async def test_dashboard_mounted_over_a_router_shows_its_nodes(browser_page: tuple[Any, list[str]]) -> None:
     page, problems = browser_page
-    async with bare_app_with_dashboard() as url:
+    router = RouterDouble()
+    async with bare_app_with_dashboard(router) as url:
         async with httpx.AsyncClient(base_url=url) as client:
             assert (await client.get("/dashboard/snapshot")).status_code == 401
+            r = await client.get("/dashboard/snapshot", headers={"Authorization": f"Bearer {TOKEN}"})
+            snap = r.json()
+            assert snap["sandboxes"] is None and snap["llm"]["in_flight"] == 0
+            assert [n["node_id"] for n in snap["nodes"]] == ["node-a", "node-b"]
         await page.goto(f"{url}/dashboard")
         await page.fill("#token", TOKEN)
         await page.click("#login")
@@ -237,9 +256,14 @@ async def test_dashboard_mounted_by_a_router_shows_its_nodes(browser_page: tuple
         rows = page.locator("#nodes tbody tr")
         assert await rows.count() == 2
         assert await rows.nth(0).locator("td").all_text_contents() == [
-            "node-a", "http://10.0.0.1:8008", "yes", "7", "3", "3", "2", "1.25", "\u2013",
+            "node-a", "http://10.0.0.1:8008", "10.0.0.1", "yes", "7", "0.44", "16", "http://10.0.0.9:8000",
+            "\u2013",
         ]  # fmt: skip
         assert await rows.nth(1).get_attribute("class") == "unhealthy"
         assert await rows.nth(1).locator("td:last-child").text_content() == "<i>unreachable</i> for 12 s"
         assert await page.evaluate("document.querySelectorAll('#nodes i').length") == 0
+        # A job finishing on a node reaches the router's events, and the page's reward with it.
+        router.bus.publish(JobEvent(job_id="j1", status="completed", at=time.time(), reward=0.25))
+        await text_is(page, "#reward-mean", "0.250")
+        await text_is(page, "#sandboxes-live", "\u2013")
     assert problems == []

@@ -1,8 +1,9 @@
 """The live dashboard: ``/dashboard``, a plain HTML + JS page fed by Server-Sent Events.
 
 Self-contained so that any raas front end can mount it: :func:`install` adds the routes to a FastAPI app
-and takes a :class:`StatsSource` (the service's is :class:`raas.api.dashboard_stats.ServiceStats`; a router
-supplies one that adds ``nodes``). The static files under ``raas/api/static/`` are read as package data:
+and takes a :class:`StatsSource`. :class:`raas.api.dashboard_stats.ServiceStats` is the one
+``create_app`` uses, for anything with ``status()`` and ``events()``: a rollout service, or a cluster
+router, whose ``status()["nodes"]`` becomes the page's node table. The static files under ``raas/api/static/`` are read as package data:
 no build step, no third-party script.
 
 Routes (all ``GET`` but the login):
@@ -29,9 +30,10 @@ Snapshot keys (every one optional to the page): ``t``, ``accepting``, ``pending`
 {edges, counts}}``), ``failure_kinds`` (``[{stage, kind, count}]``), ``recent_failures`` (``[{at,
 job_id, instance_id, status, stage, kind, message}]``, newest first), ``llm`` (``{paused, in_flight,
 servers: [...]}`` as ``GET /v1/llm/servers``), ``sandboxes`` (``{live, items: [{id, backend, owner,
-age_s}]}``), ``ledger`` (``{status: n}``), ``nodes`` (``[{name, url, healthy, pending, active,
-sandboxes, rollouts_per_s, llm_in_flight, error}]``, from a router) and ``point`` (the newest history
-point: ``{t, queued: {stage: n}, active: {stage: n}, rollouts_per_s, finished}``).
+age_s}]}``, absent where nothing runs sandboxes), ``ledger`` (``{status: n}``), ``nodes`` (``[{node_id,
+url, host, healthy, jobs, load, capacity, llm_servers, error}]``, a cluster router's ``status()["nodes"]``)
+and ``point`` (the newest history point: ``{t, queued: {stage: n}, active: {stage: n}, rollouts_per_s,
+finished}``).
 """
 
 from __future__ import annotations

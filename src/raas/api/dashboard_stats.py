@@ -1,10 +1,12 @@
-"""The dashboard's numbers for one rollout service (a :class:`raas.api.dashboard.StatsSource`).
+"""The dashboard's numbers for what an app serves (a :class:`raas.api.dashboard.StatsSource`).
 
-Read from what the service already has: its status (queue depth and activity per stage, finished counts,
-the LLM balancer's per-server counters), its sandbox manager (live sandboxes), its ledger (jobs by status,
-every few seconds) and its event bus — the terminal events carry each job's reward and typed error, from
-which come throughput, the reward distribution, failure kinds and the recent failures. One sampler task
-computes a snapshot per interval, so any number of open pages cost the service the same.
+Read from what the served object already has: its ``status()`` (queue depth and activity per stage,
+finished counts, inference servers; a cluster router's also lists its ``nodes``) and its event stream
+(``events()``: the terminal events carry each job's reward and typed error, from which come throughput, the
+reward distribution, failure kinds and the recent failures). Where it has them (a
+:class:`~raas.pipeline.service.RolloutService` does) also its sandbox manager (live sandboxes), LLM
+balancer (in-flight total) and ledger (jobs by status, every few seconds). One sampler task computes a
+snapshot per interval, so any number of open pages cost the service the same.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ import logging
 import math
 import time
 from collections import Counter, deque
-from typing import Any
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
 
 from raas.core.jobs import JobEvent, is_terminal
 from raas.errors import RaasError
-from raas.pipeline.service import RolloutService
 
 log = logging.getLogger("raas.api")
 
@@ -41,13 +43,28 @@ def histogram(values: list[float], bins: int = 10) -> dict[str, list[Any]]:
     return {"edges": [lo + i * width for i in range(bins)] + [hi], "counts": counts}
 
 
+class JobEvents(Protocol):
+    async def get(self) -> JobEvent | None: ...
+
+    @property
+    def dropped(self) -> int: ...
+
+
+class Observed(Protocol):
+    """What :class:`ServiceStats` needs of a service: its status and its job events."""
+
+    def status(self) -> dict[str, Any]: ...
+
+    def events(self) -> AbstractAsyncContextManager[JobEvents]: ...
+
+
 class ServiceStats:
     """Start with :meth:`start` (the app's lifespan does), stop with :meth:`aclose`. ``ended`` is set
     when the service's event streams close (shutdown), which ends the dashboard's streams too."""
 
     def __init__(
         self,
-        service: RolloutService,
+        service: Observed,
         *,
         interval_s: float = 1.0,
         history_points: int = 600,
@@ -118,7 +135,8 @@ class ServiceStats:
         if event.error is not None:
             stage = event.error.stage or "none"
             self._kinds[(stage, event.error.kind)] += 1
-            result = self.service.table.cached_result(event.job_id)
+            cached = self._optional("table", "cached_result")
+            result = cached(event.job_id) if cached is not None else None
             self._failures.appendleft(
                 {
                     "at": event.at,
@@ -130,6 +148,11 @@ class ServiceStats:
                     "message": event.error.message[:MESSAGE_CHARS],
                 }
             )
+
+    def _optional(self, part: str, member: str) -> Any:
+        """``service.<part>.<member>``, which only some served objects have (a rollout service has a
+        sandbox manager, a cluster router has none of its own), or None."""
+        return getattr(getattr(self.service, part, None), member, None)
 
     async def _sample_loop(self) -> None:
         while True:
@@ -143,40 +166,45 @@ class ServiceStats:
 
     async def _sample(self) -> None:
         now = time.monotonic()
-        if now - self._ledger_at >= self.ledger_every_s and self.service.ledger.running:
+        counts = self._optional("ledger", "counts")
+        if counts is not None and now - self._ledger_at >= self.ledger_every_s:
             self._ledger_at = now
-            with contextlib.suppress(RaasError):
-                self._ledger = await self.service.ledger.counts()
+            if self._optional("ledger", "running"):
+                with contextlib.suppress(RaasError):
+                    self._ledger = await counts()
         snap = self._compute(now)
         self._history.append(snap["point"])
         self._latest = snap
 
     def _compute(self, now: float) -> dict[str, Any]:
-        service = self.service
-        status = service.status()
-        stages: dict[str, dict[str, int]] = status["stages"]
+        status = self.service.status()
+        stages: dict[str, dict[str, int]] = status.get("stages", {})
+        finished: dict[str, int] = status.get("finished", {})
+        servers: list[dict[str, Any]] = status.get("llm_servers", [])
         while self._finished_at and self._finished_at[0][0] < now - self.window_s:
             self._finished_at.popleft()
         span = max(min(self.window_s, now - self._started_at), self.interval_s)
         rate = len(self._finished_at) / span
         completed_rate = sum(1 for _, ok in self._finished_at if ok) / span
         rewards = list(self._rewards)
-        balancer = service.balancer
+        in_flight = self._optional("balancer", "in_flight")
+        if not isinstance(in_flight, int):
+            in_flight = sum(int(v.get("in_flight") or 0) for v in servers)
         wall = time.time()
         point = {
             "t": wall,
             "queued": {s: n.get("queued", 0) for s, n in stages.items()},
             "active": {s: n.get("active", 0) for s, n in stages.items()},
             "rollouts_per_s": rate,
-            "finished": sum(status["finished"].values()),
+            "finished": sum(finished.values()),
         }
-        return {
+        snap: dict[str, Any] = {
             "t": wall,
-            "accepting": status["accepting"],
-            "pending": status["pending"],
-            "max_pending": status["max_pending"],
+            "accepting": status.get("accepting"),
+            "pending": status.get("pending"),
+            "max_pending": status.get("max_pending"),
             "stages": stages,
-            "finished": status["finished"],
+            "finished": finished,
             "throughput": {
                 "window_s": self.window_s,
                 "rollouts_per_s": rate,
@@ -194,20 +222,25 @@ class ServiceStats:
             ],
             "recent_failures": list(self._failures),
             "llm": {
-                "available": status["llm_available"],
-                "paused": status["llm_paused"],
-                "in_flight": balancer.in_flight if balancer is not None else 0,
-                "servers": status["llm_servers"],
+                "available": status.get("llm_available"),
+                "paused": status.get("llm_paused"),
+                "in_flight": in_flight,
+                "servers": servers,
             },
             "sandboxes": self._sandboxes(now),
             "ledger": dict(self._ledger),
             "dropped_events": self._dropped,
             "point": point,
         }
+        if status.get("nodes") is not None:
+            snap["nodes"] = status["nodes"]
+        return snap
 
-    def _sandboxes(self, now: float) -> dict[str, Any]:
-        manager = self.service.sandbox_manager
-        live = manager.list() if manager is not None else []
+    def _sandboxes(self, now: float) -> dict[str, Any] | None:
+        listing = self._optional("sandbox_manager", "list")
+        if listing is None:
+            return None
+        live = listing()
         seen = {sb.id: self._sandbox_seen.get(sb.id, now) for sb in live}
         self._sandbox_seen = seen
         items = [

@@ -130,8 +130,8 @@
     fillTable(
       "nodes",
       nodes,
-      (n) => [n.name, n.url, n.healthy ? "yes" : "no", n.pending, n.active, n.sandboxes, n.llm_in_flight,
-              num(n.rollouts_per_s, 2), { text: n.error, cls: "msg" }],
+      (n) => [n.node_id ?? n.name, n.url, n.host, n.healthy ? "yes" : "no", n.jobs, num(n.load, 2), n.capacity,
+              Array.isArray(n.llm_servers) ? n.llm_servers.join(" ") : n.llm_servers, { text: n.error, cls: "msg" }],
       (n) => (n.healthy ? "" : "unhealthy"),
     );
 

@@ -68,7 +68,7 @@
         const pts = line.values.map((p) => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" ");
         shapes.push(svgEl("polyline", { class: line.cls, points: pts }));
       }
-      svg.dataset.max = String(top / 1.1);
+      show(`${svg.id}-max`, Number.isInteger(top / 1.1) ? top / 1.1 : (top / 1.1).toFixed(2));
     }
     svg.replaceChildren(...shapes);
   }

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from pydantic import ValidationError
 
-from raas.llm import LLMBalancer, RoutingConfig, SamplingParams
+from raas.llm import ChatTokenizer, LLMBalancer, RoutingConfig, SamplingParams
 from raas.pipeline.config import ServiceConfig
 from tests.llm.wire_doubles import HeldVLLM, SGLangDouble, VLLMDouble
 
@@ -218,3 +218,42 @@ def test_routing_settings_are_validated_and_reach_the_service_config() -> None:
     assert ServiceConfig().llm_routing.mode == "group"
     with pytest.raises(ValidationError):
         ServiceConfig.model_validate({"llm_routing": {"mode": "group", "bogus": 1}})
+
+
+async def test_group_samples_share_a_real_llama_server_and_its_prefix_cache(
+    llama_url: str, llama_url_b: str, smol: ChatTokenizer
+) -> None:
+    """Two real llama.cpp servers: each group's concurrent samples land on one server, the two groups on
+    different ones, and a later sample of a group is served from its home's prefix cache."""
+    prompts = {
+        g: smol.conversation(
+            [
+                {
+                    "role": "user",
+                    "content": f"Problem {g}: " + " ".join(f"{g} fact {i} holds." for i in range(30)),
+                }
+            ]
+        ).prompt_ids
+        for g in ("alpha", "beta")
+    }
+    sampling = SamplingParams(max_tokens=4, seed=1)
+    async with LLMBalancer(health_interval_s=0) as bal:
+        bal.add(llama_url)
+        bal.add(llama_url_b)
+        results = await asyncio.gather(
+            *(
+                bal.generate(prompts[g], sampling, trajectory_id=f"{g}-{i}", group_id=g)
+                for g in prompts
+                for i in range(3)
+            )
+        )
+        where = {g: {r.server for r in results[k * 3 : k * 3 + 3]} for k, g in enumerate(prompts)}
+        assert all(len(s) == 1 for s in where.values()), where
+        assert where["alpha"] != where["beta"]
+        for g in prompts:
+            late = await bal.generate(prompts[g], sampling, trajectory_id=f"{g}-late", group_id=g)
+            assert {late.server} == where[g]
+            assert (late.cached_tokens or 0) >= len(prompts[g]) - 1  # all but the token it must evaluate
+        for tid in [f"{g}-{i}" for g in prompts for i in (0, 1, 2, "late")]:
+            bal.release(tid)
+        assert bal.group_counts() == {"live": 0, "idle": 2, "trajectories": 0}

@@ -38,7 +38,7 @@ class RoutingConfig(BaseModel):
 
     mode: RoutingMode = "group"
     group_slack: int = Field(
-        4, ge=0, description="A group's home always takes a new trajectory while it has fewer in flight"
+        8, ge=0, description="A group's home always takes a new trajectory while it has fewer in flight"
     )
     group_load_factor: float = Field(
         2.0, ge=1.0, description="...or while it has fewer than this times the least-loaded server's"

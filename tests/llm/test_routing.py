@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from raas.llm import ChatTokenizer, LLMBalancer, RoutingConfig, SamplingParams
 from raas.pipeline.config import ServiceConfig
+from raas.pipeline.service import RolloutService
 from tests.llm.wire_doubles import HeldVLLM, SGLangDouble, VLLMDouble
 
 pytestmark = pytest.mark.integration
@@ -257,3 +259,14 @@ async def test_group_samples_share_a_real_llama_server_and_its_prefix_cache(
         for tid in [f"{g}-{i}" for g in prompts for i in (0, 1, 2, "late")]:
             bal.release(tid)
         assert bal.group_counts() == {"live": 0, "idle": 2, "trajectories": 0}
+
+
+async def test_the_service_builds_its_balancer_with_the_configured_routing(tmp_path: Path) -> None:
+    routing = {"mode": "round_robin", "idle_groups": 3}
+    svc = RolloutService(ServiceConfig(state_dir=tmp_path / "svc", llm_routing=routing, shutdown_grace_s=0.0))
+    await svc.start()
+    try:
+        assert isinstance(svc.balancer, LLMBalancer)
+        assert svc.balancer.routing == RoutingConfig(mode="round_robin", idle_groups=3)
+    finally:
+        await svc.shutdown()

@@ -107,6 +107,10 @@ def llm_routing() -> str:
         f"of which at least {next(iter(data['policies'].values()))['min_prefill_tokens']} must be prefilled; "
         f"llama.cpp's `timings.cache_n` / `prompt_n` per request; {load} ({data['cpus']} cores).\n\n"
         + _table(header, body)
+        + "\n\nllama.cpp reuses a prompt only from an idle slot or its RAM prompt cache, never from a request "
+        "still running (checked on this build), so the samples of a group that start together on one server "
+        "each prefill; the savings come from the samples that start after a sibling there finished. Wall "
+        "times are dominated by the shared machine's load."
     )
 
 

@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from raas.llm import ChatTokenizer, LLMBalancer, RoutingConfig, SamplingParams
+from raas.llm.routing import GroupHomes
 from raas.pipeline.config import ServiceConfig
 from raas.pipeline.service import RolloutService
 from tests.llm.wire_doubles import HeldVLLM, SGLangDouble, VLLMDouble
@@ -270,3 +271,20 @@ async def test_the_service_builds_its_balancer_with_the_configured_routing(tmp_p
         assert svc.balancer.routing == RoutingConfig(mode="round_robin", idle_groups=3)
     finally:
         await svc.shutdown()
+
+
+def test_a_trajectory_id_reused_by_another_group_moves_without_leaking() -> None:
+    """Callers that reuse trajectory IDs across groups (e.g. per-group sample indices) keep the bookkeeping
+    bounded: the ID leaves its old group, which goes idle, and nothing outlives the releases."""
+    homes = GroupHomes(idle_limit=2)
+    homes.join("g1", "0")
+    homes.set_home("g1", "http://a")
+    homes.join("g2", "0")
+    homes.set_home("g2", "http://b")
+    assert homes.counts() == {"live": 1, "idle": 1, "trajectories": 1}
+    assert homes.home("g1") == "http://a" and homes.home("g2") == "http://b"
+    homes.leave("0")
+    homes.leave("0")  # releasing twice is harmless
+    assert homes.counts() == {"live": 0, "idle": 2, "trajectories": 0}
+    homes.forget_address("http://a")
+    assert homes.home("g1") is None and homes.counts()["idle"] == 1

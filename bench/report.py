@@ -79,6 +79,41 @@ def prefix_cache() -> str:
     )
 
 
+def llm_routing() -> str:
+    data = _load("llm_routing.json")
+    if not data:
+        return ""
+    header = ["routing", "hit rate", "prefill tokens", "cached (saved)", "saved vs round robin"]
+    header += ["servers per group", "wall s"]
+    body = [
+        [
+            name,
+            p["hit_rate"],
+            p["prefill_tokens"],
+            p["cached_tokens"],
+            p.get("prefill_saved_vs_round_robin", ""),
+            p["servers_per_group_mean"],
+            p["wall_s"],
+        ]
+        for name, p in data["policies"].items()
+    ]
+    load = f"load average {data['loadavg_before']} before, {data['loadavg_after']} after"
+    return (
+        "### Prefix-cache hits per routing policy (`python bench/llm_routing.py`)\n\n"
+        f"Two real llama-servers ({data['parallel_per_server']} slots, {data['threads_per_server']} thread "
+        f"each), {data['groups']} GRPO groups x {data['samples']} samples, a {data['prompt_tokens_first_turn']}-"
+        f"token prompt per group, {data['turns']} turn(s) of {data['max_tokens']} tokens, {data['concurrency']} "
+        f"samples in flight, started in group order; prompt tokens {next(iter(data['policies'].values()))['prompt_tokens']}, "
+        f"of which at least {next(iter(data['policies'].values()))['min_prefill_tokens']} must be prefilled; "
+        f"llama.cpp's `timings.cache_n` / `prompt_n` per request; {load} ({data['cpus']} cores).\n\n"
+        + _table(header, body)
+        + "\n\nllama.cpp reuses a prompt only from an idle slot or its RAM prompt cache, never from a request "
+        "still running (checked on this build), so the samples of a group that start together on one server "
+        "each prefill; the savings come from the samples that start after a sibling there finished. Wall "
+        "times are dominated by the shared machine's load."
+    )
+
+
 def client_overhead() -> str:
     data = _load("client_overhead.json")
     if not data:
@@ -325,6 +360,7 @@ def main() -> None:
         tools_latency(),
         templating(),
         prefix_cache(),
+        llm_routing(),
         client_overhead(),
         pipeline(),
         verify_overhead(),

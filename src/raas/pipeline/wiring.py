@@ -66,7 +66,9 @@ class Layers:
         if self.balancer is None:
             # Health checks run for the service's lifetime: a server marked unhealthy after a failed
             # request comes back once it answers again. ``close`` stops them and closes the client.
-            self.balancer = LLMBalancer(health_interval_s=self.config.llm_health_interval_s)
+            self.balancer = LLMBalancer(
+                health_interval_s=self.config.llm_health_interval_s, routing=self.config.llm_routing
+            )
             self.balancer.start_health_checks()
         for url in self.config.llm_servers:
             self.balancer.add(url)

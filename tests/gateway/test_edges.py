@@ -16,7 +16,14 @@ import pytest
 import uvicorn
 from tests.agent.scripted import EOS, completions, tool_call
 from tests.doubles.scripted_llm import Completion, CompletionRequest, ScriptedLLM
-from tests.gateway.conftest import ANTHROPIC_BASH, BASH_TOOL, check_exact, scripted_rig, sent_prompts
+from tests.gateway.conftest import (
+    ANTHROPIC_BASH,
+    BASH_TOOL,
+    Endpoint,
+    check_exact,
+    scripted_rig,
+    sent_prompts,
+)
 
 from raas.agent.config import AgentConfig
 from raas.core.jobs import Job
@@ -383,3 +390,25 @@ async def test_a_sandbox_cannot_hoard_connections_to_its_gateway(tok: ChatTokeni
             w.close()
         r = await ep.openai().chat.completions.create(model="p", messages=USER)
         assert r.choices[0].message.content == "still here"
+
+
+async def test_rollouts_are_routed_by_job_and_group_not_by_sample_index(tok: ChatTokenizer) -> None:
+    """Samples of different groups share ``trajectory_id`` (the sample index): the gateway must route by the
+    job (unique per rollout) and its group, or two groups' rollouts would share one pin."""
+    async with scripted_rig(tok, ["a", "b"]) as rig:
+        jobs = [Job(job_id=f"g{g}.0.0", instance={"group_id": f"g{g}"}, trajectory_id="0") for g in range(2)]
+        sessions = [rig.gateway.open_session(job, agent=AgentConfig(max_turns=5)) for job in jobs]
+        assert [s.trajectory_id for s in sessions] == ["g0.0.0", "g1.0.0"]
+        assert [s.group_id for s in sessions] == ["g0", "g1"]
+        for i, session in enumerate(sessions):
+            path = str(rig.dir / f"{i}.sock")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(path)
+            sock.listen(8)
+            await rig.gateway.serve_socket(session, sock, path)
+            client = Endpoint(session, path).openai()
+            await client.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}])
+        assert rig.balancer.pinned_server("g0.0.0") is not None
+        assert rig.balancer.pinned_server("g1.0.0") is not None
+        assert rig.balancer.pinned_server("0") is None
+        assert rig.balancer.group_home("g0") is not None and rig.balancer.group_home("g1") is not None

@@ -154,7 +154,9 @@ class Gateway:
         session = GatewaySession(
             session_id=f"{job.job_id}-{secrets.token_hex(4)}",
             key=key,
-            trajectory_id=job.trajectory_id,
+            # Routing keys: the job (unique per rollout; trajectory_id repeats across groups) and its group.
+            trajectory_id=job.job_id,
+            group_id=job.group_key,
             tokenizer=self.tokenizer,
             balancer=self.balancer,
             agent=agent or AgentConfig(),

@@ -100,6 +100,7 @@ class GatewaySession:
         session_id: str,
         key: str,
         trajectory_id: str,
+        group_id: str | None = None,
         tokenizer: ChatTokenizer,
         balancer: LLMBalancer,
         agent: AgentConfig,
@@ -109,6 +110,7 @@ class GatewaySession:
         self.id = session_id
         self.key = key
         self.trajectory_id = trajectory_id
+        self.group_id = group_id
         self.tok = tokenizer
         self.balancer = balancer
         self.agent = agent
@@ -156,7 +158,7 @@ class GatewaySession:
             try:
                 sampling = self._sampling(req, place.prompt_len)
                 result = await self.balancer.generate(
-                    place.prompt, sampling, trajectory_id=self.trajectory_id
+                    place.prompt, sampling, trajectory_id=self.trajectory_id, group_id=self.group_id
                 )
             except BaseException as exc:
                 self._undo(place)

@@ -188,7 +188,7 @@ class HarnessHandler(TaskHandler):
                 await gateway.aclose()
             release = getattr(llm.balancer, "release", None)
             if release is not None:
-                release(job.trajectory_id)
+                release(job.job_id)
         if session.infra_error is not None:
             err = session.infra_error
             raise RaasError(

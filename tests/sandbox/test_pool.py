@@ -230,3 +230,41 @@ async def test_stop_while_refilling_leaves_nothing(
     await sandbox_manager.close_all()
     assert sandbox_manager.list() == []
     # (the fixture checks processes, records, scratch dirs, mounts and sockets)
+
+
+@pytest.mark.integration
+@BACKENDS
+async def test_sandboxes_of_a_replaced_bundle_are_not_handed_out(
+    sandbox_manager: SandboxManager, sandbox_config: SandboxConfig, backend: str
+) -> None:
+    sandbox_manager.pools.configure(settings(min_size=2, max_size=2), [sandbox_config])
+    await filled(sandbox_manager, sandbox_config, 2)
+    old_bundle = sandbox_manager.current_bundle()
+    assert old_bundle is not None
+    victim = next(p for p in old_bundle.rglob("*.py"))
+    victim.chmod(0o644)
+    with victim.open("a") as f:
+        f.write("\n# changed on disk\n")
+    # The next start checks the bundle's digest, throws the changed one away and builds a fresh one.
+    new_bundle = await sandbox_manager.bundle_dir()
+    assert new_bundle != old_bundle
+    pool = pool_of(sandbox_manager, sandbox_config)
+    stale = {e.sandbox.id for e in pool.idle if e.sandbox.bundle_dir == old_bundle}
+    assert len(stale) == 2  # the pool was full: nothing was started meanwhile
+    assert sandbox_manager.pools.claim(sandbox_config, "job") is None
+    assert pool.stats.discarded == 2 and pool.stats.misses == 1
+    await filled(sandbox_manager, sandbox_config, 2)  # refilled from the fresh bundle
+    sb = await sandbox_manager.start(sandbox_config, owner="job")
+    assert sb.bundle_dir == new_bundle and sb.id not in stale
+    await sb.close()
+
+
+@pytest.mark.integration
+async def test_a_claimed_sandbox_gets_its_lease(sandbox_manager: SandboxManager) -> None:
+    config = SandboxConfig(backend="local")
+    sandbox_manager.pools.configure(settings(min_size=1, max_size=1), [config])
+    await filled(sandbox_manager, config, 1)
+    sb = await sandbox_manager.start(config, owner="leased", lease_s=0.3)
+    assert pool_of(sandbox_manager, config).stats.claims == 1
+    assert sb.lease_deadline is not None
+    await asyncio.wait_for(sb.wait_closed(), 30)  # the lease ran out: closed by the manager

@@ -6,7 +6,8 @@
    ``overhead.<backend>.pool``): rollouts/s with everything submitted at once, the service process's own
    CPU time per rollout (not the sandboxes'), the load average when the run started, and the
    latency the service adds to one rollout (its total time minus the time spent inside the three stages),
-   rollouts run one by one. The scripted policy runs in a process of its own
+   rollouts run one by one, and ``burst_32``: a trainer's next batch of 32 after a pause (with pools: once
+   the pool refilled), the time until all are done. The scripted policy runs in a process of its own
    (``python -m tests.doubles.scripted_llm``).
 2. ``decoupling``: a scripted vLLM-protocol server with a fixed capacity (``capacity`` concurrent
    sequences at ``tokens_per_s`` each) and INIT/EVAL latencies drawn from log-normal distributions.
@@ -137,14 +138,19 @@ async def run_all(service: RolloutService, instances: list[dict[str, Any]]) -> l
 
 
 WARM_POOL = {"enabled": True, "min_size": 8, "max_size": 32, "refill_concurrency": 2}
+BURST = 32
 
 
-async def pool_filled(service: RolloutService, n: int) -> None:
+async def pool_filled(service: RolloutService, n: int, limit_s: float = 600.0) -> int:
+    """Wait until the service's pools hold ``n`` idle sandboxes (or ``limit_s`` passed); how many they hold."""
+
     def idle() -> int:
         return sum(p["idle"] for p in service.status()["warm_pools"]["pools"])
 
-    while idle() < n:  # noqa: ASYNC110 - a benchmark's wait, polled
+    deadline = time.monotonic() + limit_s
+    while idle() < n and time.monotonic() < deadline:  # noqa: ASYNC110 - a benchmark's wait, polled
         await asyncio.sleep(0.1)
+    return idle()
 
 
 def cpu_s() -> float:
@@ -186,6 +192,13 @@ async def overhead_one(
             added.append(t.total_s - t.init_s - t.run_s - t.eval_s)
             totals.append(t.total_s)
             inits.append(t.init_s)
+        # A trainer's next batch after a pause (it trained meanwhile): BURST rollouts at once.
+        ready = await pool_filled(service, BURST, 120.0) if pool else 0
+        load_burst = round(os.getloadavg()[0], 2)
+        t0 = time.perf_counter()
+        burst = await run_all(service, [instance] * BURST)
+        burst_s = time.perf_counter() - t0
+        burst_inits = [r.timing.init_s for r in burst if r is not None]
         out = {
             "warm_pool": pool,
             "rollouts": count,
@@ -198,6 +211,12 @@ async def overhead_one(
             "added_latency_ms_p99": round(pct(added, 0.99) * 1e3, 3),
             "single_rollout_ms_p50": round(statistics.median(totals) * 1e3, 2),
             "init_ms_p50": round(statistics.median(inits) * 1e3, 2),
+            f"burst_{BURST}": {
+                "all_done_s": round(burst_s, 3),
+                "init_ms_p50": round(statistics.median(burst_inits) * 1e3, 2),
+                "pooled_ready_before": ready,
+                "load_avg_1m": load_burst,
+            },
         }
         if pools:
             p = pools[0]
@@ -475,7 +494,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             sizes = (
                 {"none": 100, "local": 40, "bwrap": 20, "apptainer": 10}
                 if args.quick
-                else {"none": 2000, "local": 300, "bwrap": 200, "apptainer": 100}
+                else {"none": 1000, "local": 200, "bwrap": 200, "apptainer": 100}
             )
             backends = args.backends.split(",")
             pools = [{"off": False, "on": True}[p] for p in args.pools.split(",")]

@@ -284,6 +284,16 @@ def write_json(path: Path, rows: list[dict[str, Any]], *, merge: bool = False) -
     if merge and path.exists():
         fresh = {(r["backend"], r["kind"]) for r in rows}
         rows = [r for r in json.loads(path.read_text()) if (r["backend"], r["kind"]) not in fresh] + rows
+        backends = list(dict.fromkeys(r["backend"] for r in rows))
+        kinds = [*COMMANDS, "start", "claim", "start_", "live_", "busy_"]
+
+        def order(r: dict[str, Any]) -> tuple[int, int, int]:
+            kind = r["kind"]
+            k = kinds.index(kind) if kind in kinds else kinds.index(kind.split("_")[0] + "_")
+            n = int(kind.split("_")[1]) if "_" in kind else 0
+            return backends.index(r["backend"]), k, n
+
+        rows.sort(key=order)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(rows, indent=1) + "\n")
     return rows

@@ -71,14 +71,15 @@ def server_pid(sb: Sandbox) -> int:
 @pytest.mark.unit
 async def test_target_follows_demand_backlog_and_bounds(tmp_path: Path) -> None:
     pools = WarmPools(SandboxManager(tmp_path / "state"))
-    pools.settings = settings(min_size=1, max_size=20, window_s=10, lead_s=2)
+    pools.settings = settings(min_size=1, max_size=20, window_s=10)
     backlog = [0]
     pools.backlog = lambda: backlog[0]
     pool = WarmPool(config=SandboxConfig(), key="k")
     now = 1000.0
     assert pools.target_of(pool, now) == 1  # no demand: min_size
-    pool.demand.extend([now - 1.0] * 15)  # 1.5/s over the window, 2 s of it
+    pool.demand.extend([now - 12.0] * 4 + [now - 1.0] * 3)  # 3 requests within the window, 4 before it
     assert pools.target_of(pool, now) == 3
+    assert len(pool.demand) == 3
     backlog[0] = 5  # INIT jobs waiting count while demand lasts
     assert pools.target_of(pool, now) == 8
     backlog[0] = 500

@@ -6,11 +6,11 @@ it but its idle tool server, it has its own fresh private dirs and (as root) its
 A claim hands it to exactly one owner and takes it out of the pool for good; its owner closes it (the
 manager's usual lifetimes), so no sandbox ever serves two jobs.
 
-Sizes follow demand: a pool's target is the requests it saw over the last ``window_s`` scaled to
-``lead_s`` seconds of demand, plus the INIT backlog while demand lasts, within ``min_size`` and
-``max_size``, and every pool together stays under ``memory_budget_mb`` (``sandbox_mb`` per idle sandbox,
-the measured PSS). A background task per pool starts the missing ones (``refill_concurrency`` at a time)
-and closes idle ones beyond the target once they sat unused for ``keep_idle_s``.
+Sizes follow demand: a pool's target is the number of sandboxes asked of it over the last ``window_s``
+(a trainer's batch, say), plus the INIT backlog while demand lasts, within ``min_size`` and ``max_size``,
+and every pool together stays under ``memory_budget_mb`` (``sandbox_mb`` per idle sandbox, the measured
+PSS). A background task per pool starts the missing ones (``refill_concurrency`` at a time) and closes
+idle ones beyond the target once they sat unused for ``keep_idle_s``.
 
 Liveness: a pooled sandbox whose process exits is discarded (and replaced) as soon as the event loop
 sees it; a claim also checks, without awaiting anything, that the launcher has not exited (``waitid``
@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import select
 import time
@@ -58,8 +57,9 @@ class PoolSettings(BaseModel):
     max_size: int = Field(32, ge=0, description="Most sandboxes one pool holds (idle + starting)")
     memory_budget_mb: float = Field(1024.0, ge=0, description="All pools together, at sandbox_mb each")
     sandbox_mb: float = Field(16.0, gt=0, description="Memory one idle sandbox costs (its PSS)")
-    window_s: float = Field(10.0, gt=0, description="Demand is counted over this many seconds")
-    lead_s: float = Field(1.0, ge=0, description="A pool holds this many seconds of recent demand")
+    window_s: float = Field(
+        60.0, gt=0, description="A pool holds as many sandboxes as were asked of it over this many seconds"
+    )
     refill_concurrency: int = Field(2, ge=1, le=256, description="Starts one pool runs at once")
     keep_idle_s: float = Field(300.0, ge=0, description="Idle sandboxes over target close after this")
     configs: list[dict[str, Any]] = Field(
@@ -258,10 +258,7 @@ class WarmPools:
         s = self.settings
         while pool.demand and pool.demand[0] < now - s.window_s:
             pool.demand.popleft()
-        want = 0
-        if pool.demand:
-            rate = len(pool.demand) / s.window_s
-            want = math.ceil(rate * s.lead_s) + max(0, self.backlog())
+        want = len(pool.demand) + max(0, self.backlog()) if pool.demand else 0
         return max(s.min_size, min(want, s.max_size))
 
     def _room(self) -> int:

@@ -27,7 +27,7 @@ from raas.core.jobs import JobInfo, JobRequest, JobResult, SubmitResponse
 from raas.errors import RaasError
 from raas.llm import ChatTokenizer, LLMBalancer
 from raas.pipeline.admission import Admission
-from raas.pipeline.autosize import WorkerAutosizer, auto_worker_bounds
+from raas.pipeline.autosize import Resizable, WorkerAutosizer, auto_worker_bounds
 from raas.pipeline.clock import PauseClock
 from raas.pipeline.config import ServiceConfig
 from raas.pipeline.endings import Endings
@@ -145,8 +145,11 @@ class RolloutService:
                 await self.admission.readmit(row)
             self.scheduler.spawn(self._prune_loop(), name="raas-ledger-prune")
             if self._auto_bounds:
+                auto: dict[str, Resizable] = {
+                    str(s): p for s, p in self.scheduler.pools.items() if s in self._auto_bounds
+                }
                 sizer = WorkerAutosizer(
-                    {s: self.scheduler.pools[s] for s in self._auto_bounds},  # type: ignore[misc]
+                    auto,
                     self._auto_bounds,
                     on_change=self.scheduler.resized,
                 )

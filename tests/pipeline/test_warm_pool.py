@@ -40,7 +40,9 @@ async def test_jobs_get_pooled_sandboxes_each_their_own(
     svc = await make_service(sandbox=sandbox_for(backend, request), warm_pool=POOL)
     await _pool_idle(svc, 2)
     manager = svc.sandbox_manager
-    instance = script(init={"sandbox": True, "bash": "test ! -e ~/seen && touch ~/seen"}, run={"bash": "true"})
+    instance = script(
+        init={"sandbox": True, "bash": "test ! -e ~/seen && touch ~/seen"}, run={"bash": "true"}
+    )
     jobs = [await submit(svc, instance) for _ in range(12)]
     results = [await svc.wait(j, 120) for j in jobs]
     assert all(r is not None and r.status == "completed" for r in results), results
@@ -68,9 +70,19 @@ async def test_jobs_get_pooled_sandboxes_each_their_own(
 
 
 @pytest.mark.integration
-async def test_pools_off_by_default_and_extra_configs(make_service: ServiceFactory) -> None:
-    svc = await make_service()
-    assert svc.status()["warm_pools"] == {"enabled": False, "pools": []}
+async def test_pools_fill_only_on_demand_by_default_and_extra_configs(make_service: ServiceFactory) -> None:
+    svc = await make_service()  # on by default, min_size 0: nothing starts before a job asks
+    await asyncio.sleep(1.5)  # a few of the pools' ticks
+    (pool,) = svc.status()["warm_pools"]["pools"]
+    assert pool["idle"] == pool["starting"] == pool["refills"] == 0
+    assert svc.sandbox_manager.list() == []  # type: ignore[union-attr]
+    job = await submit(svc, script(init={"sandbox": True}))
+    result = await svc.wait(job, 60)
+    assert result is not None and result.status == "completed"
+    pool = await _pool_idle(svc, 1)  # demand seen: the pool holds what was asked for
+    assert pool["misses"] == 1 and pool["target"] == 1
+    off = await make_service(warm_pool={"enabled": False})
+    assert off.status()["warm_pools"] == {"enabled": False, "pools": []}
     svc2 = await make_service(
         warm_pool={**POOL, "min_size": 1, "configs": [{"env": {"FLAVOUR": "b"}}]},
     )

@@ -52,7 +52,10 @@ class PoolSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = Field(False, description="Keep warm pools for the service's sandbox configs")
+    enabled: bool = Field(
+        True,
+        description="Keep warm pools for the service's sandbox configs (they fill only once jobs ask)",
+    )
     min_size: int = Field(0, ge=0, description="Idle sandboxes a pool keeps even without demand")
     max_size: int = Field(32, ge=0, description="Most sandboxes one pool holds (idle + starting)")
     memory_budget_mb: float = Field(1024.0, ge=0, description="All pools together, at sandbox_mb each")

@@ -127,6 +127,7 @@ def pipeline() -> str:
             o.get("added_latency_ms_p50"),
             o.get("added_latency_ms_p99"),
             o.get("init_ms_p50"),
+            (o.get("burst_32") or {}).get("all_done_s", ""),
             o.get("load_avg_1m", ""),
         ]
         for name, row in over.items()
@@ -137,7 +138,9 @@ def pipeline() -> str:
     rss = data.get("rss", {})
     parts = [
         "### Pipeline (`python bench/pipeline.py`)\n",
-        "Service overhead: a trivial task, an instant test-double LLM; `none` opens no sandbox.\n",
+        "Service overhead: a trivial task, an instant test-double LLM; `none` opens no sandbox; '+ warm pool': "
+        "with `warm_pool` on (min 8, max 32); '32 after a pause': a batch of 32 submitted at once after the run "
+        "(with pools: once the pool refilled), until all are done.\n",
         _table(
             [
                 "sandbox",
@@ -147,6 +150,7 @@ def pipeline() -> str:
                 "added latency p50 ms",
                 "p99 ms",
                 "INIT (sandbox start) p50 ms",
+                "32 after a pause, s",
                 "load avg",
             ],
             body,

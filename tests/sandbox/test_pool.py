@@ -269,3 +269,24 @@ async def test_a_claimed_sandbox_gets_its_lease(sandbox_manager: SandboxManager)
     assert pool_of(sandbox_manager, config).stats.claims == 1
     assert sb.lease_deadline is not None
     await asyncio.wait_for(sb.wait_closed(), 30)  # the lease ran out: closed by the manager
+
+
+@pytest.mark.integration
+async def test_pools_follow_demand_up_and_back_down(sandbox_manager: SandboxManager) -> None:
+    config = SandboxConfig(backend="local")
+    sandbox_manager.pools.configure(settings(window_s=3.0, keep_idle_s=0.0), [config])
+    pool = pool_of(sandbox_manager, config)
+    await asyncio.sleep(0.2)
+    assert pool.size() == 0  # no demand, min_size 0: nothing started
+    first = await sandbox_manager.start(config, owner="j1")
+    second = await sandbox_manager.start(config, owner="j2")
+    assert pool.stats.misses == 2
+    assert pool.target == 2  # two were asked for: two are started to be kept ready
+    await asyncio.gather(first.close(), second.close())
+    deadline = time.monotonic() + 60
+    # ... then demand ages out and the idle ones are closed.
+    while pool.stats.refills < 2 or pool.size() or sandbox_manager.list():
+        assert time.monotonic() < deadline, sandbox_manager.pools.snapshot()
+        assert pool.stats.refill_failures == 0
+        await asyncio.sleep(0.1)
+    assert pool.stats.trimmed == 2 and pool.target == 0 and pool.stats.claims == 0

@@ -273,20 +273,26 @@ class WarmPools:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(pool.wake.wait(), _TICK_S)
             pool.wake.clear()
-            now = time.monotonic()
-            pool.target = self.target_of(pool, now)
-            self._trim(pool, now)
-            if now < pool.retry_at:
-                continue
-            room = min(
-                pool.target - pool.size(),
-                self.settings.refill_concurrency - len(pool.starting),
-                self._room(),
-            )
-            for _ in range(max(0, room)):
-                task = asyncio.get_running_loop().create_task(self._start_one(pool))
-                pool.starting.add(task)
-                task.add_done_callback(pool.starting.discard)
+            try:
+                self._refill_step(pool)
+            except Exception:  # a bug here must not end refilling for the service's lifetime
+                log.exception("warm pool %s: refill step failed", pool.label)
+
+    def _refill_step(self, pool: WarmPool) -> None:
+        now = time.monotonic()
+        pool.target = self.target_of(pool, now)
+        self._trim(pool, now)
+        if now < pool.retry_at:
+            return
+        room = min(
+            pool.target - pool.size(),
+            self.settings.refill_concurrency - len(pool.starting),
+            self._room(),
+        )
+        for _ in range(max(0, room)):
+            task = asyncio.get_running_loop().create_task(self._start_one(pool))
+            pool.starting.add(task)
+            task.add_done_callback(pool.starting.discard)
 
     def _trim(self, pool: WarmPool, now: float) -> None:
         """Close idle sandboxes over max_size or the memory budget now, over the target once stale."""

@@ -261,14 +261,19 @@ async def test_sandboxes_of_a_replaced_bundle_are_not_handed_out(
 
 
 @pytest.mark.integration
-async def test_a_claimed_sandbox_gets_its_lease(sandbox_manager: SandboxManager) -> None:
+async def test_a_claimed_sandbox_gets_its_lease_and_an_idle_one_none(sandbox_manager: SandboxManager) -> None:
     config = SandboxConfig(backend="local")
+    sandbox_manager.default_lease_s = 0.3
     sandbox_manager.pools.configure(settings(min_size=1, max_size=1), [config])
     await filled(sandbox_manager, config, 1)
-    sb = await sandbox_manager.start(config, owner="leased", lease_s=0.3)
-    assert pool_of(sandbox_manager, config).stats.claims == 1
+    idle = pool_of(sandbox_manager, config).idle[0].sandbox
+    await asyncio.sleep(0.6)  # past the default lease: an idle pooled sandbox has none
+    assert not idle.closed and idle.lease_deadline is None
+    sb = await sandbox_manager.start(config, owner="leased")
+    assert sb is idle and pool_of(sandbox_manager, config).stats.claims == 1
     assert sb.lease_deadline is not None
-    await asyncio.wait_for(sb.wait_closed(), 30)  # the lease ran out: closed by the manager
+    await asyncio.wait_for(sb.wait_closed(), 30)  # its lease ran out: closed by the manager
+    assert pool_of(sandbox_manager, config).stats.discarded == 0
 
 
 @pytest.mark.integration

@@ -215,8 +215,11 @@ class SandboxManager:
                 return sb
         return await self.start_cold(config, owner=owner, lease_s=lease_s)
 
-    async def start_cold(self, config: SandboxConfig, *, owner: str, lease_s: float | None = None) -> Sandbox:
-        """Start a fresh sandbox (never from a pool)."""
+    async def start_cold(
+        self, config: SandboxConfig, *, owner: str, lease_s: float | None = None, leased: bool = True
+    ) -> Sandbox:
+        """Start a fresh sandbox (never from a pool). ``leased=False``: no lease, not even the default one
+        (a pooled sandbox's lease starts when it is claimed)."""
         cls = backend_class(config.backend)
         bundle = await self.bundle_dir()
         sid = new_sandbox_id()
@@ -228,7 +231,7 @@ class SandboxManager:
             bundle_dir=bundle,
             on_close=self._forget,
         )
-        lease = lease_s if lease_s is not None else self.default_lease_s
+        lease = (lease_s if lease_s is not None else self.default_lease_s) if leased else None
         if lease is not None:
             sb.lease_deadline = time.time() + lease
         self._live[sid] = sb

@@ -308,7 +308,7 @@ class WarmPools:
 
     async def _start_one(self, pool: WarmPool) -> None:
         try:
-            sb = await self.manager.start_cold(pool.config, owner=POOL_OWNER)
+            sb = await self.manager.start_cold(pool.config, owner=POOL_OWNER, leased=False)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -1,10 +1,14 @@
 """Pipeline benchmarks; prints one JSON document and writes it to bench/results/pipeline.json.
 
 1. ``overhead``: a trivial task (one generate call against an instant scripted policy, one ``echo`` in the
-   sandbox) through the real service with ``local`` and ``bwrap`` sandboxes (and with no sandbox, to show
-   the service's own cost): rollouts/s with everything submitted at once, and the latency the service adds
-   to one rollout (its total time minus the time spent inside the three stages), rollouts run one by one.
-   The scripted policy runs in a process of its own (``python -m tests.doubles.scripted_llm``).
+   sandbox) through the real service with ``local``, ``bwrap`` and ``apptainer`` sandboxes (and with no
+   sandbox, to show the service's own cost), each without and with warm pools (``overhead.<backend>`` and
+   ``overhead.<backend>.pool``): rollouts/s with everything submitted at once, the service process's own
+   CPU time per rollout (not the sandboxes'), the load average when the run started, and the
+   latency the service adds to one rollout (its total time minus the time spent inside the three stages),
+   rollouts run one by one, and ``burst_32``: a trainer's next batch of 32 after a pause (with pools: once
+   the pool refilled), the time until all are done. The scripted policy runs in a process of its own
+   (``python -m tests.doubles.scripted_llm``).
 2. ``decoupling``: a scripted vLLM-protocol server with a fixed capacity (``capacity`` concurrent
    sequences at ``tokens_per_s`` each) and INIT/EVAL latencies drawn from log-normal distributions.
    raas's three pools versus a coupled baseline (one pool of workers each doing init → run → eval) with
@@ -12,7 +16,9 @@
    10% and 90% of jobs finished) and rollouts/s.
 3. ``rss``: resident memory every 1,000 rollouts over 10,000 trivial rollouts (no sandbox, no LLM).
 
-Usage: ``python bench/pipeline.py [--quick] [--only overhead,decoupling,rss] [--out FILE]``.
+Usage: ``python bench/pipeline.py [--quick] [--only overhead,decoupling,rss] [--backends none,local,bwrap,apptainer]
+[--pools off,on] [--merge] [--out FILE]`` (``--merge`` keeps what the output file holds and this run did not
+measure).
 """
 
 from __future__ import annotations
@@ -131,59 +137,121 @@ async def run_all(service: RolloutService, instances: list[dict[str, Any]]) -> l
 # -- 1. overhead -------------------------------------------------------------------------------------------
 
 
-async def overhead(root: Path, n: dict[str, int], bwrap_image: str | None) -> dict[str, Any]:
+WARM_POOL = {"enabled": True, "min_size": 8, "max_size": 32, "refill_concurrency": 2}
+BURST = 32
+
+
+async def pool_filled(service: RolloutService, n: int, limit_s: float = 600.0) -> int:
+    """Wait until the service's pools hold ``n`` idle sandboxes (or ``limit_s`` passed); how many they hold."""
+
+    def idle() -> int:
+        return sum(p["idle"] for p in service.status()["warm_pools"]["pools"])
+
+    deadline = time.monotonic() + limit_s
+    while idle() < n and time.monotonic() < deadline:  # noqa: ASYNC110 - a benchmark's wait, polled
+        await asyncio.sleep(0.1)
+    return idle()
+
+
+def cpu_s() -> float:
+    """CPU seconds of the service's own process (the sandboxes' CPU: bench/tools_latency.py)."""
+    t = os.times()
+    return t.user + t.system
+
+
+async def overhead_one(
+    root: Path, balancer: LLMBalancer, name: str, sandbox: dict[str, Any] | None, count: int, pool: bool
+) -> dict[str, Any]:
+    state = root / f"overhead-{name}-{'pool' if pool else 'cold'}"
+    service = await make_service(
+        state,
+        balancer,
+        sandbox or {"backend": "local"},
+        init_workers=4,
+        run_workers=8,
+        eval_workers=4,
+        warm_pool=WARM_POOL if pool else {"enabled": False},
+    )
+    try:
+        instance = {"data_source": BenchHandler.name, "sandbox": sandbox is not None, "turns": 1, "tokens": 8}
+        await run_all(service, [instance] * 5)  # warm-up (bundle build, connections)
+        if pool:  # a service that has been up a while: its pool holds min_size
+            await pool_filled(service, WARM_POOL["min_size"])
+        load = round(os.getloadavg()[0], 2)
+        c0 = cpu_s()
+        t0 = time.perf_counter()
+        results = await run_all(service, [instance] * count)
+        wall = time.perf_counter() - t0
+        cpu = cpu_s() - c0
+        ok = sum(1 for r in results if r is not None and r.status == "completed")
+        pools = service.status()["warm_pools"]["pools"]
+        added, totals, inits = [], [], []
+        for _ in range(max(10, count // 10)):  # one at a time: the latency the service adds
+            (r,) = await run_all(service, [instance])
+            t = r.timing
+            added.append(t.total_s - t.init_s - t.run_s - t.eval_s)
+            totals.append(t.total_s)
+            inits.append(t.init_s)
+        # A trainer's next batch after a pause (it trained meanwhile): BURST rollouts at once.
+        ready = await pool_filled(service, BURST, 120.0) if pool else 0
+        load_burst = round(os.getloadavg()[0], 2)
+        t0 = time.perf_counter()
+        burst = await run_all(service, [instance] * BURST)
+        burst_s = time.perf_counter() - t0
+        burst_inits = [r.timing.init_s for r in burst if r is not None]
+        out = {
+            "warm_pool": pool,
+            "rollouts": count,
+            "completed": ok,
+            "wall_s": round(wall, 3),
+            "rollouts_per_s": round(ok / wall, 1),
+            "service_cpu_ms_per_rollout": round(cpu / count * 1000, 2),
+            "load_avg_1m": load,
+            "added_latency_ms_p50": round(statistics.median(added) * 1e3, 3),
+            "added_latency_ms_p99": round(pct(added, 0.99) * 1e3, 3),
+            "single_rollout_ms_p50": round(statistics.median(totals) * 1e3, 2),
+            "init_ms_p50": round(statistics.median(inits) * 1e3, 2),
+            f"burst_{BURST}": {
+                "all_done_s": round(burst_s, 3),
+                "init_ms_p50": round(statistics.median(burst_inits) * 1e3, 2),
+                "pooled_ready_before": ready,
+                "load_avg_1m": load_burst,
+            },
+        }
+        if pools:
+            p = pools[0]
+            out["pool_stats"] = {k: p[k] for k in ("claims", "misses", "refills", "discarded", "target")}
+        return out
+    finally:
+        await service.shutdown(0)
+        await service.sandbox_manager.close_all()
+
+
+async def overhead(
+    root: Path, n: dict[str, int], image: str | None, backends: list[str], pools: list[bool]
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with PolicyProcess({"tokens": 8}) as llm:  # instant: no capacity model
         balancer = LLMBalancer(health_interval_s=0)
         balancer.add(llm.url)
-        variants: list[tuple[str, dict[str, Any] | None]] = [("none", None), ("local", {"backend": "local"})]
-        if bwrap_image:
-            variants.append(("bwrap", {"backend": "bwrap", "image": bwrap_image}))
-        else:
-            out["bwrap"] = {"skipped": "no rootfs image (build one with `raas image build`)"}
-        for name, sandbox in variants:
-            state = root / f"overhead-{name}"
-            service = await make_service(
-                state,
-                balancer,
-                sandbox or {"backend": "local"},
-                init_workers=4,
-                run_workers=8,
-                eval_workers=4,
-            )
-            try:
-                instance = {
-                    "data_source": BenchHandler.name,
-                    "sandbox": sandbox is not None,
-                    "turns": 1,
-                    "tokens": 8,
-                }
-                await run_all(service, [instance] * 5)  # warm-up (bundle build, connections)
-                count = n[name]
-                t0 = time.perf_counter()
-                results = await run_all(service, [instance] * count)
-                wall = time.perf_counter() - t0
-                ok = sum(1 for r in results if r is not None and r.status == "completed")
-                added, totals, inits = [], [], []
-                for _ in range(max(10, count // 10)):  # one at a time: the latency the service adds
-                    (r,) = await run_all(service, [instance])
-                    t = r.timing
-                    added.append(t.total_s - t.init_s - t.run_s - t.eval_s)
-                    totals.append(t.total_s)
-                    inits.append(t.init_s)
-                out[name] = {
-                    "rollouts": count,
-                    "completed": ok,
-                    "wall_s": round(wall, 3),
-                    "rollouts_per_s": round(ok / wall, 1),
-                    "added_latency_ms_p50": round(statistics.median(added) * 1e3, 3),
-                    "added_latency_ms_p99": round(pct(added, 0.99) * 1e3, 3),
-                    "single_rollout_ms_p50": round(statistics.median(totals) * 1e3, 2),
-                    "init_ms_p50": round(statistics.median(inits) * 1e3, 2),
-                }
-            finally:
-                await service.shutdown(0)
-                await service.sandbox_manager.close_all()
+        for name in backends:
+            sandbox: dict[str, Any] | None = None
+            if name != "none":
+                sandbox = {"backend": name}
+                if name != "local":
+                    if not image:
+                        out[name] = {"skipped": "no rootfs image (build one with `raas image build`)"}
+                        continue
+                    sandbox["image"] = image
+            row: dict[str, Any] = {}
+            for pool in pools if sandbox is not None else [False]:
+                figures = await overhead_one(root, balancer, name, sandbox, n[name], pool)
+                print(json.dumps({name: figures}), file=sys.stderr, flush=True)
+                if pool:
+                    row["pool"] = figures
+                else:
+                    row = {**figures, **row}
+            out[name] = row
         await balancer.aclose()
     return out
 
@@ -424,11 +492,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         root = Path(tmp)
         if "overhead" in only:
             sizes = (
-                {"none": 100, "local": 40, "bwrap": 20}
+                {"none": 100, "local": 40, "bwrap": 20, "apptainer": 10}
                 if args.quick
-                else {"none": 2000, "local": 300, "bwrap": 200}
+                else {"none": 1000, "local": 200, "bwrap": 200, "apptainer": 100}
             )
-            result["overhead"] = await overhead(root, sizes, args.bwrap_image)
+            backends = args.backends.split(",")
+            pools = [{"off": False, "on": True}[p] for p in args.pools.split(",")]
+            result["overhead"] = await overhead(root, sizes, args.bwrap_image, backends, pools)
         if "decoupling" in only:
             d = await decoupling(root, args.jobs or (150 if args.quick else 400))
             result["decoupling"] = d
@@ -446,10 +516,24 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--only", help="comma-separated subset: overhead,decoupling,rss")
     parser.add_argument("--jobs", type=int, help="jobs in the decoupling benchmark")
-    parser.add_argument("--bwrap-image", default=default_bwrap_image(), help="rootfs dir for the bwrap runs")
+    parser.add_argument(
+        "--bwrap-image", default=default_bwrap_image(), help="rootfs dir for the bwrap and apptainer runs"
+    )
+    parser.add_argument("--backends", default="none,local,bwrap,apptainer", help="overhead: sandbox backends")
+    parser.add_argument(
+        "--pools", default="off,on", help="overhead: without (off) and/or with (on) warm pools"
+    )
+    parser.add_argument(
+        "--merge", action="store_true", help="keep results in --out that this run did not redo"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "pipeline.json")
     args = parser.parse_args()
     result = asyncio.run(main_async(args))
+    if args.merge and args.out and args.out.exists():
+        old = json.loads(args.out.read_text())
+        overhead_new = result.pop("overhead", {})
+        merged_overhead = {**old.get("overhead", {}), **overhead_new}
+        result = {**old, **result, "overhead": merged_overhead}
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

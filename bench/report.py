@@ -30,18 +30,35 @@ def tools_latency() -> str:
     rows = rows if isinstance(rows, list) else rows.get("rows", [])
     body = []
     for r in rows:
-        extra = ""
-        if r["kind"] == "start_32":
-            extra = f"all ready {r.get('all_ready_ms', '?')} ms"
-        elif r["kind"] == "start" and "idle_rss_kb" in r:
-            extra = f"idle RSS {r['idle_rss_kb'] / 1024:.1f} MB (PSS {r.get('idle_pss_kb', 0) / 1024:.1f} MB)"
-        body.append([r["backend"], r["kind"], r["p50_ms"], r["p90_ms"], r["p99_ms"], r["n"], extra])
+        extras = []
+        if r["kind"].startswith("start_"):
+            extras.append(f"all ready {r.get('all_ready_ms', '?')} ms")
+        if "idle_rss_kb" in r:
+            extras.append(
+                f"idle RSS {r['idle_rss_kb'] / 1024:.1f} MB (PSS {r.get('idle_pss_kb', 0) / 1024:.1f} MB)"
+            )
+        if "cpu_ms_per_start" in r:
+            extras.append(f"CPU {r['cpu_ms_per_start']} ms per start")
+        if r["kind"].startswith("live_"):
+            extras.append(
+                f"PSS {r['pss_kb_per_sandbox_p50'] / 1024:.1f} MB per idle sandbox (RSS "
+                f"{r['rss_kb_per_sandbox_p50'] / 1024:.1f} MB), {r['processes_per_sandbox']} processes each"
+            )
+        if "calls_per_s" in r:
+            extras.append(f"{r['calls_per_s']} calls/s in all")
+        if "load_avg_1m" in r:
+            extras.append(f"load {r['load_avg_1m']}")
+        cells = [r.get(k, "") for k in ("p50_ms", "p90_ms", "p99_ms")]
+        body.append([r["backend"], r["kind"], *cells, r["n"], "; ".join(extras)])
     machine = rows[0].get("machine", {}) if rows else {}
+    before = machine.get("load_avg_1m_before", machine.get("load_avg_1m", "?"))
     return (
         "### Tool latency (`python bench/tools_latency.py`)\n\n"
         "Host API call → Unix socket → tool server in the sandbox → pty bash → back. `start` is sandbox\n"
-        "start-to-ready; `start_32` is 32 sandboxes started at once (per-sandbox latencies; the last one's\n"
-        f"time is 'all ready'). Load average at the start of the run: {machine.get('load_avg_1m', '?')}.\n\n"
+        "start-to-ready, cold; `claim` is the same from a warm pool; `start_K` is K sandboxes started at once\n"
+        "(per-sandbox latencies; 'all ready' when the last one was); `live_N` is the memory of N idle\n"
+        "sandboxes; `busy_N` is `echo` while N sandboxes run echo calls back to back. Load average (1 min,\n"
+        f"2 cores) at the start of the run: {before}, and per row.\n\n"
         + _table(["backend", "kind", "p50 ms", "p90 ms", "p99 ms", "n", ""], body)
     )
 
@@ -138,29 +155,38 @@ def pipeline() -> str:
     over = data.get("overhead", {})
     body = [
         [
-            name,
+            name + (" + warm pool" if o.get("warm_pool") else ""),
             o.get("rollouts"),
             o.get("rollouts_per_s"),
+            o.get("service_cpu_ms_per_rollout", ""),
             o.get("added_latency_ms_p50"),
             o.get("added_latency_ms_p99"),
             o.get("init_ms_p50"),
+            (o.get("burst_32") or {}).get("all_done_s", ""),
+            o.get("load_avg_1m", ""),
         ]
-        for name, o in over.items()
+        for name, row in over.items()
+        for o in ([row, row["pool"]] if "pool" in row else [row])
     ]
     dec = data.get("decoupling", {})
     params = dec.get("params", {})
     rss = data.get("rss", {})
     parts = [
         "### Pipeline (`python bench/pipeline.py`)\n",
-        "Service overhead: a trivial task, an instant test-double LLM; `none` opens no sandbox.\n",
+        "Service overhead: a trivial task, an instant test-double LLM; `none` opens no sandbox; '+ warm pool': "
+        "with `warm_pool` on (min 8, max 32); '32 after a pause': a batch of 32 submitted at once after the run "
+        "(with pools: once the pool refilled), until all are done.\n",
         _table(
             [
                 "sandbox",
                 "rollouts",
                 "rollouts/s",
+                "service CPU ms per rollout",
                 "added latency p50 ms",
                 "p99 ms",
                 "INIT (sandbox start) p50 ms",
+                "32 after a pause, s",
+                "load avg",
             ],
             body,
         ),

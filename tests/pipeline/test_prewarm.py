@@ -49,7 +49,7 @@ class PrewarmScriptHandler(StageScriptHandler):
 
 @pytest.fixture
 async def svc(make_service: ServiceFactory) -> Any:
-    service = await make_service()
+    service = await make_service(warm_pool={"enabled": False})  # these tests count sandbox starts
     service.handlers.register(PrewarmScriptHandler, replace=True)
     PrewarmScriptHandler.seen.clear()
     return service

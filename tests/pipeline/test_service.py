@@ -228,7 +228,8 @@ def sandbox_for(backend: str, request: pytest.FixtureRequest) -> dict[str, objec
 async def test_run_sandbox_is_closed_before_eval(
     make_service: ServiceFactory, backend: str, request: pytest.FixtureRequest
 ) -> None:
-    svc = await make_service(sandbox=sandbox_for(backend, request))
+    # Without warm pools: the test counts sandbox starts (pools start more, ahead of demand).
+    svc = await make_service(sandbox=sandbox_for(backend, request), warm_pool={"enabled": False})
     job_id = await submit(svc, script(init={"sandbox": True}, run={"bash": "echo hi"}, eval={"sleep": 60}))
     await reach(svc, job_id, "eval")
     manager = svc.sandbox_manager
@@ -239,7 +240,7 @@ async def test_run_sandbox_is_closed_before_eval(
 
 
 async def test_eval_sandbox_and_cancel_release_everything(make_service: ServiceFactory) -> None:
-    svc = await make_service()
+    svc = await make_service(warm_pool={"enabled": False})  # every sandbox started is the job's
     job_id = await submit(svc, script(init={"sandbox": True}, eval={"sandbox": True, "bash": "sleep 60"}))
     await reach(svc, job_id, "eval")
     manager = svc.sandbox_manager

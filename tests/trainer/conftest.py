@@ -66,7 +66,14 @@ async def make_stack(tmp_path: Path) -> AsyncIterator[StackFactory]:
                     state_dir=state,
                     llm_servers=[llm.url],
                     extra_handlers=HANDLER,
-                    **{"shutdown_grace_s": 0.0, "run_workers": 16, "llm_health_interval_s": 0, **overrides},
+                    # No warm pools: these tests count the sandboxes jobs hold (pools start more ahead).
+                    **{
+                        "shutdown_grace_s": 0.0,
+                        "run_workers": 16,
+                        "llm_health_interval_s": 0,
+                        "warm_pool": {"enabled": False},
+                        **overrides,
+                    },
                 )
                 url = await exits.enter_async_context(service_in_process(config, sandbox_manager=manager))
                 stack.urls.append(url)

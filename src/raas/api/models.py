@@ -71,6 +71,10 @@ class StatusResponse(BaseModel):
     llm_servers: list[dict[str, Any]]
     llm_available: bool
     llm_paused: bool
+    warm_pools: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Warm sandbox pools: settings, and per pool idle/starting/target and claim counters",
+    )
 
 
 class OkResponse(BaseModel):

@@ -10,9 +10,10 @@ default registry, which ``/metrics`` does not show.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -112,6 +113,44 @@ class StageGaugeCollector(Collector):
         servers = GaugeMetricFamily("raas_llm_servers", "Inference servers in the balancer")
         servers.add_metric([], self._servers())
         return [queued, active, servers]
+
+
+class PoolGaugeCollector(Collector):
+    """Reads the warm sandbox pools of a live service at scrape time (``snapshot()["pools"]``)."""
+
+    _COUNTERS = (
+        ("claims", "Sandboxes handed out from a warm pool"),
+        ("misses", "Sandbox requests a warm pool could not serve (started cold)"),
+        ("refills", "Sandboxes started into a warm pool"),
+        ("refill_failures", "Warm-pool starts that failed"),
+        ("discarded", "Pooled sandboxes found dead while idle or at claim (never handed out)"),
+        ("trimmed", "Idle pooled sandboxes closed as the target shrank"),
+    )
+
+    def __init__(self, snapshot: Callable[[], Mapping[str, Any]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        labels = ["pool", "backend"]
+        idle = GaugeMetricFamily("raas_sandbox_pool_idle", "Ready sandboxes in a warm pool", labels=labels)
+        starting = GaugeMetricFamily(
+            "raas_sandbox_pool_starting", "Sandboxes a warm pool is starting", labels=labels
+        )
+        target = GaugeMetricFamily(
+            "raas_sandbox_pool_target", "A warm pool's current target size", labels=labels
+        )
+        counters = {
+            name: CounterMetricFamily(f"raas_sandbox_pool_{name}", doc, labels=labels)
+            for name, doc in self._COUNTERS
+        }
+        for p in self._snapshot().get("pools", []):
+            key = [str(p["pool"]), str(p["backend"])]
+            idle.add_metric(key, p["idle"])
+            starting.add_metric(key, p["starting"])
+            target.add_metric(key, p["target"])
+            for name, family in counters.items():
+                family.add_metric(key, p[name])
+        return [idle, starting, target, *counters.values()]
 
 
 def render(extra: CollectorRegistry | None = None) -> bytes:

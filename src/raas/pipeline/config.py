@@ -6,7 +6,7 @@ import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -14,6 +14,7 @@ from raas.agent.config import AGENT_ALIASES, AgentConfig, agent_overrides
 from raas.core.policy import StagePolicy, StageTimeouts
 from raas.errors import RaasError
 from raas.llm.routing import RoutingConfig
+from raas.sandbox.pool import PoolSettings
 
 __all__ = ["AGENT_ALIASES", "ServiceConfig", "agent_overrides"]
 
@@ -27,6 +28,13 @@ def agent_config_for(base: AgentConfig, sampling_params: dict[str, Any]) -> Agen
         return AgentConfig.model_validate({**base.model_dump(), **overrides})
     except ValueError as exc:
         raise RaasError(f"invalid agent settings in sampling_params: {exc}", kind="bad_request") from exc
+
+
+Workers = Annotated[int, Field(ge=1, le=4096)] | Literal["auto"]
+WORKERS_HELP = (
+    "Jobs inside this stage at once, or 'auto': sized from the CPUs and memory, then adjusted to measured "
+    "CPU headroom (see raas.pipeline.autosize)"
+)
 
 
 def _default_home() -> Path:
@@ -56,9 +64,13 @@ class ServiceConfig(BaseModel):
     )
     agent: AgentConfig = Field(default_factory=AgentConfig)
 
-    init_workers: int = Field(4, ge=1, le=4096)
-    run_workers: int = Field(8, ge=1, le=4096)
-    eval_workers: int = Field(4, ge=1, le=4096)
+    init_workers: Workers = Field(4, description=WORKERS_HELP)
+    run_workers: Workers = Field(8, description=WORKERS_HELP)
+    eval_workers: Workers = Field(4, description=WORKERS_HELP)
+    warm_pool: PoolSettings = Field(
+        default_factory=PoolSettings,
+        description="Warm pools of pre-started sandboxes for the default sandbox config (and warm_pool.configs)",
+    )
     max_pending: int = Field(
         1024, ge=1, description="Jobs accepted but unfinished; beyond this submit gets 429"
     )

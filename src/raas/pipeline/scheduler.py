@@ -119,6 +119,10 @@ class StagePool:
         self._waiting: dict[str, list[tuple[int, int, str]]] = {}
         self._limits: dict[str, int] = {}
 
+    def waiting(self) -> int:
+        """Jobs waiting for this stage (cancelled ones not yet dropped included): O(data sources)."""
+        return sum(len(heap) for heap in self._waiting.values())
+
     def push(self, a: ActiveJob, seq: int) -> None:
         source = a.data_source
         self._limits[source] = a.policy.max_share.limit(self.stage, self.workers)
@@ -215,6 +219,10 @@ class Scheduler:
             self.table.set_status(a, QUEUED_FOR[stage])
         self.pools[stage].push(a, next(self._seq))
         self._dispatch(stage)
+
+    def resized(self, stage: str) -> None:
+        """A stage's worker count changed (``auto`` workers): start what now fits."""
+        self._dispatch(stage)  # type: ignore[arg-type]
 
     def _dispatch(self, stage: StageName) -> None:
         if self._stopping:

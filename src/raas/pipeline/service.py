@@ -28,6 +28,7 @@ from raas.errors import RaasError
 from raas.gateway import Gateway
 from raas.llm import ChatTokenizer, LLMBalancer
 from raas.pipeline.admission import Admission
+from raas.pipeline.autosize import Resizable, WorkerAutosizer, auto_worker_bounds
 from raas.pipeline.clock import PauseClock
 from raas.pipeline.config import ServiceConfig
 from raas.pipeline.endings import Endings
@@ -69,14 +70,17 @@ class RolloutService:
         self.table = JobTable(self.ledger, self.bus, config.result_cache_size)
         self.pauses = PauseClock()
         self.endings = Endings(self.layers, self.table, config.hook_timeout_s)
+        self._auto_bounds = auto_worker_bounds(config)
         workers = {
-            "init_workers": config.init_workers,
-            "run_workers": config.run_workers,
-            "eval_workers": config.eval_workers,
+            f"{s}_workers": self._auto_bounds[s].start
+            if s in self._auto_bounds
+            else getattr(config, f"{s}_workers")
+            for s in ("init", "run", "eval")
         }
         self.scheduler = Scheduler(
             workers, self.layers, self.table, self.endings, self.pauses, config.cancel_grace_s
         )
+        self.layers.init_backlog = self.scheduler.pools["init"].waiting
         self.admission = Admission(
             self.layers,
             self.table,
@@ -90,6 +94,7 @@ class RolloutService:
         self.gauges.register(
             metrics.StageGaugeCollector(self.stage_snapshot, lambda: len(self.llm_servers()))
         )
+        self.gauges.register(metrics.PoolGaugeCollector(self.layers.warm_pools))
 
     # -- the layers (read-only views) --------------------------------------------------------------------
 
@@ -145,6 +150,16 @@ class RolloutService:
             for row in recovery.requeued:
                 await self.admission.readmit(row)
             self.scheduler.spawn(self._prune_loop(), name="raas-ledger-prune")
+            if self._auto_bounds:
+                auto: dict[str, Resizable] = {
+                    str(s): p for s, p in self.scheduler.pools.items() if s in self._auto_bounds
+                }
+                sizer = WorkerAutosizer(
+                    auto,
+                    self._auto_bounds,
+                    on_change=self.scheduler.resized,
+                )
+                self.scheduler.spawn(sizer.run(), name="raas-auto-workers")
             self.admission.accepting = True
         except BaseException:
             # Whatever did start (ledger writer, balancer health task and client) must not outlive a
@@ -258,6 +273,7 @@ class RolloutService:
             "llm_servers": self.llm_servers(),
             "llm_available": self.balancer is not None,
             "llm_paused": bool(self.balancer is not None and self.balancer.paused),
+            "warm_pools": self.layers.warm_pools(),
         }
 
     # -- inference servers and weight sync ---------------------------------------------------------------

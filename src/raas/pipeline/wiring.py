@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from raas.agent.context import LLMContext
@@ -54,15 +55,22 @@ class Layers:
         self.gateway: Gateway | None = None
         self._sandbox_default: SandboxConfig | None = None
         self._policies: dict[str, StagePolicy] = {}
+        self._pools_configured = False
+        self.init_backlog: Callable[[], int] = lambda: 0
+        """Jobs waiting for an INIT worker (set by the service): warm pools grow with it."""
 
     async def start(self) -> None:
         """Register ``extra_handlers`` and build what was not injected."""
         for name, target in self.config.extra_handlers.items():
             self.handlers.register_target(name, target)
         self._sandbox_default = config_from_dict(self.config.sandbox)
+        pooled = self._pooled_configs()
         if self.sandbox_manager is None:
             self.sandbox_manager = SandboxManager(self.config.state_dir / "sandboxes")
             await self.sandbox_manager.reap_stale()
+        if pooled:
+            self.sandbox_manager.pools.configure(self.config.warm_pool, pooled, backlog=self.init_backlog)
+            self._pools_configured = True
         if self.balancer is None:
             # Health checks run for the service's lifetime: a server marked unhealthy after a failed
             # request comes back once it answers again. ``close`` stops them and closes the client.
@@ -85,11 +93,30 @@ class Layers:
                     NO_TOKENIZER_HINT,
                 )
 
+    def _pooled_configs(self) -> list[SandboxConfig]:
+        """The default sandbox config and each of ``warm_pool.configs`` (overrides of it), when enabled."""
+        settings = self.config.warm_pool
+        if not settings.enabled:
+            return []
+        configs = [config_from_dict({**self.config.sandbox, **extra}) for extra in settings.configs]
+        assert self._sandbox_default is not None
+        return [self._sandbox_default, *configs]
+
+    def warm_pools(self) -> dict[str, Any]:
+        """Warm-pool settings and per-pool numbers (``/status``, ``/metrics``)."""
+        if self.sandbox_manager is None or not self._pools_configured:
+            return {"enabled": False, "pools": []}
+        return self.sandbox_manager.pools.snapshot()
+
     async def close(self) -> None:
         """Close what this service built, and the verifier workers of this event loop."""
         if self.gateway is not None:
             with contextlib.suppress(Exception):
                 await self.gateway.aclose()
+        if self._pools_configured and self.sandbox_manager is not None:
+            # The service's pools go with it, also from a manager the caller injected.
+            with contextlib.suppress(Exception):
+                await self.sandbox_manager.pools.stop()
         if self._owns_manager and self.sandbox_manager is not None:
             with contextlib.suppress(Exception):
                 await self.sandbox_manager.close_all()

@@ -100,6 +100,14 @@ class ToolClient:
     def connected(self) -> bool:
         return self._writer is not None and not self._writer.is_closing()
 
+    def socket_fileno(self) -> int | None:
+        """The connection's file descriptor (for a non-blocking hang-up check), or None when not connected."""
+        writer = self._writer
+        if writer is None or writer.is_closing():
+            return None
+        sock = writer.get_extra_info("socket")
+        return None if sock is None else int(sock.fileno())
+
     async def connect(self) -> None:
         """Open the connection (again, if it dropped); a server that is not there is ``sandbox_dead``."""
         if self._closed:

@@ -4,7 +4,8 @@ State lives in one directory: ``records/<id>.json`` per live sandbox (written *b
 started, so a crash at any point leaves a trace), the tool-server bundle, and — when the path is short
 enough for AF_UNIX sockets — the sandboxes' scratch dirs. A manager started on the same state dir
 after a crash reaps what the dead run left: only processes proven to be its own (pid + start time +
-``RAAS_SANDBOX_ID`` in ``/proc/PID/environ``), never by name.
+``RAAS_SANDBOX_ID`` in ``/proc/PID/environ``), never by name. (A sandbox claimed from a warm pool keeps
+the record it was pooled with, owner ``raas-pool``: records exist for reaping, and a claim does no I/O.)
 
 Sandboxes are also closed at interpreter exit (atexit) and, for programs that ask for it
 (:func:`install_signal_handlers`), on SIGTERM/SIGHUP; bwrap sandboxes additionally die with the host
@@ -43,6 +44,7 @@ from raas.errors import RaasError
 from raas.sandbox import procs
 from raas.sandbox.base import MAX_SOCKET_PATH, Sandbox, SandboxConfig, backend_class, remove_tree
 from raas.sandbox.identity import make_private_dir, traversable_by_others
+from raas.sandbox.pool import WarmPools
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +140,8 @@ class SandboxManager:
         self._lease_timers: dict[str, asyncio.TimerHandle] = {}
         self._bundle_lock = asyncio.Lock()
         self._expiring: set[asyncio.Task[None]] = set()
+        self.pools = WarmPools(self)
+        """Warm pools of pre-started sandboxes (none until :meth:`WarmPools.configure` asks for some)."""
         _MANAGERS.add(self)
         _install_atexit()
 
@@ -183,6 +187,12 @@ class SandboxManager:
         """Where tool-server bundles live: beside the scratch dirs, so sandbox uids can reach them."""
         return self.scratch_root / "bundles"
 
+    def current_bundle(self) -> Path | None:
+        """The bundle this process last built and checked for this manager (None before the first)."""
+        with _BUNDLES_LOCK:
+            known = _BUNDLES.get(self.bundles_dir)
+        return None if known is None else known[0]
+
     async def bundle_dir(self) -> Path:
         """The tool-server bundle, bound read-only into every sandbox. Its digest is checked every time
         it is handed out; a bundle that changed on disk is thrown away and a fresh one built."""
@@ -191,7 +201,25 @@ class SandboxManager:
 
     # ---- starting ------------------------------------------------------------------------------------
     async def start(self, config: SandboxConfig, *, owner: str, lease_s: float | None = None) -> Sandbox:
-        """Start a sandbox and wait until its tool server answers; the caller closes it."""
+        """Start a sandbox and wait until its tool server answers; the caller closes it.
+
+        With a warm pool for ``config`` (see :mod:`raas.sandbox.pool`), a ready, never-used sandbox from
+        it is handed over instead when there is one."""
+        if self.pools.active:
+            sb = self.pools.claim(config, owner)
+            if sb is not None:
+                lease = lease_s if lease_s is not None else self.default_lease_s
+                if lease is not None:
+                    self._arm_lease(sb, lease)
+                    self._write_record(sb)  # the deadline; the record itself exists since before launch
+                return sb
+        return await self.start_cold(config, owner=owner, lease_s=lease_s)
+
+    async def start_cold(
+        self, config: SandboxConfig, *, owner: str, lease_s: float | None = None, leased: bool = True
+    ) -> Sandbox:
+        """Start a fresh sandbox (never from a pool). ``leased=False``: no lease, not even the default one
+        (a pooled sandbox's lease starts when it is claimed)."""
         cls = backend_class(config.backend)
         bundle = await self.bundle_dir()
         sid = new_sandbox_id()
@@ -203,7 +231,7 @@ class SandboxManager:
             bundle_dir=bundle,
             on_close=self._forget,
         )
-        lease = lease_s if lease_s is not None else self.default_lease_s
+        lease = (lease_s if lease_s is not None else self.default_lease_s) if leased else None
         if lease is not None:
             sb.lease_deadline = time.time() + lease
         self._live[sid] = sb
@@ -266,6 +294,7 @@ class SandboxManager:
         return len(doomed)
 
     async def close_all(self) -> None:
+        await self.pools.stop()  # first: no refill may start a sandbox behind our back
         doomed = list(self._live.values())
         await asyncio.shield(asyncio.gather(*(s.close() for s in doomed), return_exceptions=True))
         self._release_scratch_root()

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from raas.core.jobs import JobEvent, is_terminal
 from raas.errors import RaasError
+from raas.sandbox.pool import POOL_OWNER
 
 log = logging.getLogger("raas.api")
 
@@ -240,14 +241,16 @@ class ServiceStats:
         listing = self._optional("sandbox_manager", "list")
         if listing is None:
             return None
-        live = listing()
+        everything = listing()
+        # Warm-pool sandboxes wait unclaimed: shown as a count, not as sandboxes at work.
+        live = [sb for sb in everything if sb.owner != POOL_OWNER]
         seen = {sb.id: self._sandbox_seen.get(sb.id, now) for sb in live}
         self._sandbox_seen = seen
         items = [
             {"id": sb.id, "backend": sb.backend_name, "owner": sb.owner, "age_s": round(now - seen[sb.id], 1)}
             for sb in live[:100]
         ]
-        return {"live": len(live), "items": items}
+        return {"live": len(live), "pooled": len(everything) - len(live), "items": items}
 
     async def snapshot(self) -> dict[str, Any]:
         if self._latest is None:

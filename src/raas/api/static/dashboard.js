@@ -137,6 +137,7 @@
 
     const sandboxes = s.sandboxes || {};
     show("sandboxes-live", sandboxes.live);
+    show("sandboxes-pooled", sandboxes.pooled);
     fillTable("sandboxes", sandboxes.items || [], (b) => [b.id, b.backend, b.owner, num(b.age_s, 0)]);
     fillTable("failures", s.recent_failures || [], (f) => [
       clock(f.at), f.job_id, f.instance_id, f.status, f.stage, f.kind, { text: f.message, cls: "msg" },

@@ -33,6 +33,7 @@ from raas.sandbox.models import (
     IPythonResult,
     ServerInfo,
 )
+from raas.toolserver import ops
 from raas.toolserver.protocol import (
     ATTACHMENT_KEY,
     DEFAULT_MAX_ATTACHMENT,
@@ -48,7 +49,7 @@ from raas.toolserver.protocol import (
 
 Reply = tuple[dict[str, Any], bytes | None]
 
-__all__ = ["ToolClient"]
+__all__ = ["ToolClient", "op_args"]
 
 
 class ToolClient:
@@ -329,13 +330,44 @@ class ToolClient:
 
     # -- tools ---------------------------------------------------------------------------------
 
+    async def call(
+        self,
+        tool: str,
+        op: str,
+        args: dict[str, Any] | None = None,
+        *,
+        wait_s: float | None = None,
+        attachment: bytes | None = None,
+        deadline: bool | None = None,
+    ) -> Reply:
+        """One op with its arguments checked against the op declarations (:mod:`raas.toolserver.ops`):
+        ``None`` values are dropped; an unknown op or argument, a wrong type or an out-of-range number is a
+        ``bad_request`` raised here, with the message the server would answer (so is an attachment sent to
+        an op that takes none).
+
+        The wait defaults to the call's ``timeout`` plus ``timeout_grace_s`` (``request_timeout_s`` without
+        one). A call with only a ``no_output_timeout`` may run as long as it keeps printing: it has no fixed
+        deadline unless ``deadline`` says otherwise; the liveness check guards against a wedged server."""
+        checked = op_args(tool, op, args or {})
+        if attachment is not None and not ops.OPS[(tool, op)].takes_attachment:
+            raise RaasError(f"{tool}.{op} takes no attachment", kind="bad_request")
+        timeout = checked.get("timeout")
+        if wait_s is None:
+            wait_s = self._wait_for(timeout)
+        if deadline is None:
+            deadline = not (timeout is None and checked.get("no_output_timeout") is not None)
+        return await self.request_with_attachment(
+            tool, op, checked, wait_s=wait_s, attachment=attachment, deadline=deadline
+        )
+
     async def ping(self) -> ServerInfo:
-        return ServerInfo.model_validate(await self.request("server", "ping", wait_s=self.connect_timeout_s))
+        result, _ = await self.call("server", "ping", wait_s=self.connect_timeout_s)
+        return ServerInfo.model_validate(result)
 
     async def shutdown(self) -> None:
         """Ask the server to stop (it kills everything it started and removes its socket)."""
         with contextlib.suppress(RaasError):
-            await self.request("server", "shutdown", wait_s=self.connect_timeout_s)
+            await self.call("server", "shutdown", wait_s=self.connect_timeout_s)
 
     async def bash(
         self,
@@ -346,21 +378,15 @@ class ToolClient:
         no_output_timeout: float | None = None,
         output_cap: int | None = None,
     ) -> BashResult:
-        args: dict[str, Any] = {"command": command, "session": session}
-        if timeout is not None:
-            args["timeout"] = timeout
-        if no_output_timeout is not None:
-            args["no_output_timeout"] = no_output_timeout
-        if output_cap is not None:
-            args["output_cap"] = output_cap
-        # With only a no-output timeout the command may run as long as it keeps printing: no fixed
-        # deadline, the liveness check guards against a wedged server.
-        only_no_output = timeout is None and no_output_timeout is not None
-        return BashResult.model_validate(
-            await self.request(
-                "bash", "run", args, wait_s=self._wait_for(timeout), deadline=not only_no_output
-            )
-        )
+        args: dict[str, Any] = {
+            "command": command,
+            "session": session,
+            "timeout": timeout,
+            "no_output_timeout": no_output_timeout,
+            "output_cap": output_cap,
+        }
+        result, _ = await self.call("bash", "run", args)
+        return BashResult.model_validate(result)
 
     async def bash_send(
         self,
@@ -378,29 +404,23 @@ class ToolClient:
         for more output, ``"C-c"``/``"C-d"``/``"C-z"`` send those keys; ``interrupt=True`` stops the
         command as a timeout would (SIGINT, then SIGKILL). The result has the output since the last call.
         """
-        args: dict[str, Any] = {"session": session, "input": text}
-        if interrupt:
-            args["interrupt"] = True
-        if timeout is not None:
-            args["timeout"] = timeout
-        if no_output_timeout is not None:
-            args["no_output_timeout"] = no_output_timeout
-        if output_cap is not None:
-            args["output_cap"] = output_cap
-        # As for bash(): with only a no-output timeout there is no fixed deadline, the liveness check guards.
-        only_no_output = timeout is None and no_output_timeout is not None
-        return BashResult.model_validate(
-            await self.request(
-                "bash", "send", args, wait_s=self._wait_for(timeout), deadline=not only_no_output
-            )
-        )
+        args: dict[str, Any] = {
+            "session": session,
+            "input": text,
+            "interrupt": interrupt or None,
+            "timeout": timeout,
+            "no_output_timeout": no_output_timeout,
+            "output_cap": output_cap,
+        }
+        result, _ = await self.call("bash", "send", args)
+        return BashResult.model_validate(result)
 
     async def bash_close(self, session: str) -> bool:
-        result = await self.request("bash", "close", {"session": session}, wait_s=self._wait_for(0))
+        result, _ = await self.call("bash", "close", {"session": session}, wait_s=self._wait_for(0))
         return bool(result.get("closed"))
 
     async def bash_list(self) -> list[BashSessionInfo]:
-        result = await self.request("bash", "list", wait_s=self._wait_for(0))
+        result, _ = await self.call("bash", "list", wait_s=self._wait_for(0))
         return [BashSessionInfo.model_validate(s) for s in result.get("sessions", [])]
 
     async def ipython(
@@ -410,34 +430,29 @@ class ToolClient:
         timeout: float | None = None,  # noqa: ASYNC109 - enforced by the server inside the sandbox
         output_cap: int | None = None,
     ) -> IPythonResult:
-        args: dict[str, Any] = {"code": code}
-        if timeout is not None:
-            args["timeout"] = timeout
-        if output_cap is not None:
-            args["output_cap"] = output_cap
-        return IPythonResult.model_validate(
-            await self.request("ipython", "run", args, wait_s=self._wait_for(timeout))
-        )
+        args: dict[str, Any] = {"code": code, "timeout": timeout, "output_cap": output_cap}
+        result, _ = await self.call("ipython", "run", args)
+        return IPythonResult.model_validate(result)
 
     async def ipython_restart(self) -> None:
-        await self.request("ipython", "restart", wait_s=self._wait_for(0))
+        await self.call("ipython", "restart", wait_s=self._wait_for(0))
 
     async def editor(self, command: str, path: str, **kwargs: Any) -> EditorResult:
-        """``str_replace_editor``: ``view``/``create``/``str_replace``/``insert``/``undo_edit``.
+        """``str_replace_editor``: ``view``/``create``/``str_replace``/``insert``/``undo_edit``; ``kwargs``
+        are the other ``editor.run`` arguments (``file_text``, ``old_str``, ``new_str``, ``insert_line``,
+        ``view_range``).
 
         User mistakes (missing file, ambiguous ``old_str``...) raise :class:`RaasError` kind ``tool_error``.
         """
-        args = {"command": command, "path": path, **{k: v for k, v in kwargs.items() if v is not None}}
-        return EditorResult.model_validate(
-            await self.request("editor", "run", args, wait_s=self._wait_for(0))
+        result, _ = await self.call(
+            "editor", "run", {"command": command, "path": path, **kwargs}, wait_s=self._wait_for(0)
         )
+        return EditorResult.model_validate(result)
 
     async def upload_bytes(self, tar_bytes: bytes, dest: str, *, mode: int | None = None) -> int:
         """Extract a tar stream into directory ``dest`` in the sandbox; returns the number of files."""
-        args: dict[str, Any] = {"path": dest}
-        if mode is not None:
-            args["mode"] = mode
-        result = await self.request("files", "upload", args, attachment=tar_bytes)
+        args = {"path": dest, "mode": mode}
+        result, _ = await self.call("files", "upload", args, attachment=tar_bytes)
         return int(result.get("files", 0))
 
     async def upload_dir(self, host_dir: str | os.PathLike[str], dest: str) -> int:
@@ -447,19 +462,26 @@ class ToolClient:
 
     async def download(self, path: str) -> bytes:
         """Tar stream of a file (one member) or of a directory's contents (names relative to it)."""
-        _, data = await self.request_with_attachment("files", "download", {"path": path})
+        _, data = await self.call("files", "download", {"path": path})
         return data or b""
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
         raw = data.encode("utf-8") if isinstance(data, str) else data
-        args: dict[str, Any] = {"path": path}
-        if mode is not None:
-            args["mode"] = mode
-        await self.request("files", "write", args, attachment=raw)
+        args = {"path": path, "mode": mode}
+        await self.call("files", "write", args, attachment=raw)
 
     async def read_file(self, path: str) -> bytes:
-        _, data = await self.request_with_attachment("files", "read", {"path": path})
+        _, data = await self.call("files", "read", {"path": path})
         return data or b""
+
+
+def op_args(tool: str, op: str, args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` checked against the declaration of ``tool.op`` (``None`` values dropped); a mismatch is a
+    ``bad_request`` with the server's own message."""
+    try:
+        return ops.validate_args(tool, op, args)
+    except ops.ArgumentError as exc:
+        raise RaasError(str(exc), kind="bad_request") from None
 
 
 def tar_directory(root: Path) -> bytes:

@@ -207,6 +207,53 @@ def dapo() -> str:
     return _table(header, rows)
 
 
+def swe() -> str:
+    data = _load("swe.json")
+    if not data:
+        return ""
+    rows = []
+    for backend, b in data["backends"].items():
+        p = b["p50"]
+        rows.append(
+            [
+                backend,
+                p["init_s"],
+                p["run_s_gold"],
+                p["prewarm_s"],
+                p["eval_s_gold_prewarmed"],
+                p["eval_s_gold_fresh"],
+                p["test_run_s_gold"],
+                p["eval_s_wrong"],
+                p["eval_s_empty"],
+                f"{b['resolved'].get('gold', 0)}/{data['instances']}",
+                f"{b['resolved'].get('wrong', 0)}/{data['instances']}",
+                f"{b['resolved'].get('empty', 0)}/{data['instances']}",
+            ]
+        )
+    header = [
+        "backend",
+        "INIT",
+        "RUN (gold)",
+        "prewarm (overlaps RUN)",
+        "EVAL prewarmed",
+        "EVAL fresh",
+        "of which tests",
+        "EVAL wrong",
+        "EVAL empty",
+        "gold resolved",
+        "wrong resolved",
+        "empty resolved",
+    ]
+    sif = data["image"].get("sif") or {}
+    note = (
+        f"p50 seconds over {data['instances']} instances; load average {data.get('load_avg_start')} at the start. "
+        f"Image: an instance rootfs packed as a {sif.get('sif_mb', '?')} MB SIF in {sif.get('pack_s', '?')} s, "
+        f"converted once into the cache in {sif.get('convert_s', '?')} s (later look-ups "
+        f"{sif.get('cached_lookup_ms', '?')} ms)."
+    )
+    return note + "\n\n" + _table(header, rows)
+
+
 def main() -> None:
     sections = [
         tools_latency(),
@@ -216,6 +263,7 @@ def main() -> None:
         pipeline(),
         verify_overhead(),
         dapo(),
+        swe(),
     ]
     print("\n\n".join(s for s in sections if s))
 

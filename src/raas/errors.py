@@ -36,6 +36,7 @@ ErrorKind = Literal[
     "context_window_exceeded",
     # evaluation problems
     "verifier_timeout",
+    "eval_error",
     # job lifecycle
     "timeout",
     "cancelled",
@@ -46,8 +47,10 @@ ErrorKind = Literal[
 ]
 """``timeout`` is only the job's own budget (job status ``timeout``); an inference server that does not
 answer in time is ``llm_timeout`` and a verifier that does not finish is ``verifier_timeout`` (both job
-status ``failed``). ``tool_timeout`` is a sandbox whose tool server stopped answering (not a command that
-ran past its own limit: that is an ordinary result with ``timed_out``)."""
+status ``failed``). ``eval_error`` is an evaluation harness that broke (a test environment that cannot run
+the tests, a hidden test patch that does not apply): never the policy's doing, so never a reward of 0.
+``tool_timeout`` is a sandbox whose tool server stopped answering (not a command that ran past its own
+limit: that is an ordinary result with ``timed_out``)."""
 
 Stage = Literal["queue", "init", "run", "eval", "api"]
 

@@ -13,6 +13,7 @@ def _mount() -> None:
     from raas.llm.cli import llm_app, tokenizer_app
     from raas.sandbox.cli import image_app
     from raas.tasks.swe.cli import app as swe_app
+    from raas.tasks.swe.images_cli import images_app
 
     app.command()(run.run)
     app.command()(serve.serve)
@@ -21,6 +22,7 @@ def _mount() -> None:
     app.add_typer(llm_app, name="llm", help="The embedded model server and LLM utilities.")
     app.add_typer(tokenizer_app, name="tokenizer", help="Chat-template checks.")
     app.add_typer(swe_app, name="swe", help="Build SWE-style tasks offline from real packages.")
+    app.add_typer(images_app, name="images", help="Pre-build the images a dataset's tasks need.")
 
 
 _mount()

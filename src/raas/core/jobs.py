@@ -91,13 +91,18 @@ class ErrorInfo(BaseModel):
 
 
 class Timing(BaseModel):
-    """Seconds spent waiting in queues and inside each stage; ``total_s`` is wall time from accept to end."""
+    """Seconds spent waiting in queues and inside each stage; ``total_s`` is wall time from accept to end.
+
+    ``prewarm_s`` is the time the handler's EVAL prewarm took (e.g. starting the fresh EVAL sandbox), which
+    runs alongside RUN: it overlaps ``run_s`` and is not part of ``total_s - queue_s - init_s - run_s -
+    eval_s``; 0 for handlers without one. Only what EVAL still had to wait for it counts in ``eval_s``."""
 
     queue_s: float = 0.0
     init_s: float = 0.0
     run_s: float = 0.0
     eval_s: float = 0.0
     total_s: float = 0.0
+    prewarm_s: float = 0.0
 
 
 class JobResult(BaseModel):
@@ -166,3 +171,12 @@ class Job:
     @property
     def instance_id(self) -> str:
         return str(self.instance.get("instance_id", self.job_id))
+
+    @property
+    def group_key(self) -> str:
+        """The samples of one GRPO group share this key: the instance's ``group_id`` (the trainer's
+        :class:`~raas.trainer.RolloutClient` sets it), else its data source and ``instance_id``."""
+        group_id = self.instance.get("group_id")
+        if isinstance(group_id, str) and group_id:
+            return group_id
+        return f"{self.data_source}:{self.instance_id}"

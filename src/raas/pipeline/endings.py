@@ -9,6 +9,7 @@ interrupts is left queued in the ledger instead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -37,8 +38,11 @@ class Endings:
             a.env.sandbox = None
 
     async def release(self, a: ActiveJob) -> None:
-        """Close the job's sandboxes, unpin its trajectory, and close whatever the manager still holds."""
+        """Close the job's sandboxes (its EVAL prewarm's too), unpin its trajectory, and close whatever the
+        manager still holds."""
         await self.close_sandboxes(a)
+        if a.prewarm is not None:
+            await a.prewarm.close()
         await self.layers.release(a.job)
 
     async def complete(self, a: ActiveJob, out: EvalOutput) -> None:
@@ -78,6 +82,9 @@ class Endings:
         if a.result is not None:
             return
         a.finishing = True
+        if a.prewarm is not None:  # its task honours cancellation even when the stage did not
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(a.prewarm.close(), self.hook_timeout_s)
         if a.request.retry_on_restart:
             self.table.leave_for_restart(a)
             return
@@ -91,6 +98,7 @@ class Endings:
             run_s=a.stage_s["run"],
             eval_s=a.stage_s["eval"],
             total_s=time.monotonic() - a.t0,
+            prewarm_s=a.prewarm.seconds if a.prewarm is not None else 0.0,
         )
         await self.table.record_result(a, results.build_result(a.job, outcome, a.run_output, timing))
 

@@ -30,6 +30,7 @@ from raas.core.trajectory import EvalOutput, RunOutput
 from raas.errors import RaasError
 from raas.pipeline.clock import Budget, PauseClock, run_within
 from raas.pipeline.endings import Endings
+from raas.pipeline.prewarm import Prewarm
 from raas.pipeline.table import ActiveJob, JobTable
 from raas.pipeline.wiring import Layers
 from raas.tasks.base import Env
@@ -52,6 +53,9 @@ async def _call_run(a: ActiveJob, layers: Layers) -> object:
 
 async def _call_eval(a: ActiveJob, layers: Layers) -> object:
     assert a.env is not None
+    if a.prewarm is not None:  # waiting for a prewarm still under way is EVAL time
+        a.env.prewarmed = await a.prewarm.take()
+        a.env.prewarm_error = a.prewarm.error
     return await a.handler.eval(a.job, a.env)
 
 
@@ -87,11 +91,14 @@ class StageSpec:
     """Time the LLM spends paused through the service does not count against the budget."""
     next: StageName | None
     """The stage that follows; None: the job is complete."""
+    prewarm: bool = False
+    """Start the handler's EVAL prewarm (:meth:`TaskHandler.prewarm_eval`, if it has one) alongside this
+    stage; EVAL receives what it produced, and its sandboxes are closed when the job ends."""
 
 
 STAGE_TABLE: dict[StageName, StageSpec] = {
     "init": StageSpec("init", "init_workers", _call_init, Env, _keep_env, False, False, "run"),
-    "run": StageSpec("run", "run_workers", _call_run, RunOutput, _keep_run_output, True, True, "eval"),
+    "run": StageSpec("run", "run_workers", _call_run, RunOutput, _keep_run_output, True, True, "eval", True),
     "eval": StageSpec("eval", "eval_workers", _call_eval, EvalOutput, _keep_nothing, False, False, None),
 }
 assert tuple(STAGE_TABLE) == STAGES
@@ -265,6 +272,8 @@ class Scheduler:
         if budget.limit_s <= 0:
             await self.endings.abort(a, stage, budget.timeout_error(stage))
             return
+        if spec.prewarm and a.prewarm is None and a.handler.prewarms_eval():
+            a.prewarm = Prewarm(a.handler, a.job, self.layers.sandboxes_for(a.job_id))
         a.task = asyncio.create_task(spec.call(a, self.layers), name=f"raas-{stage}-{a.job_id}")
         measured = await run_within(a.task, budget.limit_s, self.pauses if spec.llm_pause_free else None)
         a.counted_s += measured.used_s

@@ -32,6 +32,7 @@ from raas.core.trajectory import RunOutput
 from raas.errors import RaasError
 from raas.pipeline.events import EventBus
 from raas.pipeline.ledger import Ledger
+from raas.pipeline.prewarm import Prewarm
 from raas.tasks.base import Env, JobSandboxes, TaskHandler
 
 log = logging.getLogger("raas.pipeline")
@@ -59,6 +60,8 @@ class ActiveJob:
     sandboxes: JobSandboxes | None = None
     env: Env | None = None
     run_output: RunOutput | None = None
+    prewarm: Prewarm | None = None
+    """The handler's EVAL prewarm, started with RUN (handlers that have one)."""
     task: asyncio.Task[Any] | None = None
     cancel_reason: str | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)

@@ -7,6 +7,9 @@ A handler sees a job in three stages, each run by its own worker pool:
   as soon as this returns, before EVAL.
 * ``eval``: score the result; open a fresh sandbox through ``env.sandboxes`` when tests must run.
 
+Optionally, :meth:`TaskHandler.prewarm_eval` starts what EVAL needs (a fresh sandbox) while RUN is still
+going; EVAL receives it as ``env.prewarmed``.
+
 The pipeline owns lifetimes: every sandbox opened through ``env.sandboxes`` is closed on success, error,
 timeout and cancel, whatever the handler does.
 """
@@ -73,6 +76,11 @@ class Env:
     sandbox: Sandbox | None = None
     run_output: RunOutput | None = None
     data: dict[str, Any] = field(default_factory=dict)
+    prewarmed: Any = None
+    """In EVAL: what :meth:`TaskHandler.prewarm_eval` returned (None when the handler has none, it
+    returned None, or it failed: EVAL then sets up on its own)."""
+    prewarm_error: str | None = None
+    """In EVAL: why the prewarm failed, if it did."""
 
 
 class TaskHandler(ABC):
@@ -101,3 +109,20 @@ class TaskHandler(ABC):
 
     async def on_error(self, stage: str, job: Job, env: Env | None, exc: BaseException) -> None:  # noqa: B027
         """Called once when a stage fails, times out or is cancelled, before sandboxes are closed."""
+
+    async def prewarm_eval(self, job: Job, sandboxes: JobSandboxes) -> Any:
+        """Optional: prepare EVAL while RUN is still going (e.g. start the fresh sandbox the tests run in),
+        so EVAL does not pay for it after RUN. Why a hook: RUN's sandboxes are closed before EVAL, and a
+        sandbox opened here must outlive them.
+
+        The pipeline calls it when RUN starts, only for handlers that override it, in a task of its own.
+        ``sandboxes`` is a :class:`JobSandboxes` of its own: it stays open through EVAL and is closed when
+        the job ends, on every path (success, failure, timeout, cancel), and the task is cancelled if it
+        is still running then. The return value is EVAL's ``env.prewarmed``; EVAL waits for it (that wait
+        counts as EVAL time). An exception is logged and EVAL gets None (and ``env.prewarm_error``)."""
+        return None
+
+    @classmethod
+    def prewarms_eval(cls) -> bool:
+        """True when this handler overrides :meth:`prewarm_eval`."""
+        return cls.prewarm_eval is not TaskHandler.prewarm_eval

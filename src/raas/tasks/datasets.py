@@ -1,4 +1,5 @@
-"""Datasets of task instances: the built-in sets and user files (JSONL, JSON, parquet).
+"""Datasets of task instances: the built-in sets and user files (JSONL, JSON, parquet; SWE-bench / SWE-Gym and
+R2E-Gym rows without a ``data_source`` are recognised).
 
 The built-in math set is generated here from templates with answers computed by code, so ``raas run
 builtin:math`` works on a machine with no network and every ground truth is exact; ``builtin:stem`` is
@@ -291,10 +292,19 @@ _CODE_FIELDS = frozenset(
 )
 
 
+SWE_FIELDS = ("problem_statement", "base_commit", "FAIL_TO_PASS")
+R2E_FIELDS = ("problem_statement", "docker_image", "expected_output_json")
+
+
 def infer_data_source(row: dict[str, Any]) -> str | None:
-    """The task a row without ``data_source`` belongs to, from its shape: test cases or an entry point
-    make it ``code``, a ``question`` (and no ``problem``) or ``choices`` make it ``stem``, ``problem`` and
-    ``answer`` make it math; None when it fits none."""
+    """The task a row without ``data_source`` belongs to, from its shape: SWE-bench / SWE-Gym records
+    (``swebench``), R2E-Gym records (``r2e``); test cases or an entry point make it ``code``, a ``question``
+    (and no ``problem``) or ``choices`` make it ``stem``, ``problem`` and ``answer`` make it math; None when
+    it fits none."""
+    if all(k in row for k in SWE_FIELDS):
+        return "swebench"
+    if all(k in row for k in R2E_FIELDS):
+        return "r2e"
     if _CODE_FIELDS & row.keys():
         return "code"
     if ("question" in row and "problem" not in row) or "choices" in row or "options" in row:
@@ -312,7 +322,7 @@ def _normalise_row(row: dict[str, Any], index: int, origin: str, data_source: st
     if source is None:
         raise RaasError(
             f"{origin}: row {index} needs 'problem' and 'answer' (math), 'question' and 'answer' (stem), "
-            "test cases (code) or its own 'data_source'",
+            "test cases (code), a SWE-bench or R2E-Gym record, or its own 'data_source'",
             kind="bad_request",
         )
     # Math answers are strings; a multiple-choice answer may be a 0-based index and stays an int.

@@ -30,6 +30,9 @@ def builtin_handlers() -> dict[str, type[TaskHandler]]:
     from raas.tasks.final_number import FinalNumberHandler
     from raas.tasks.math import MathHandler
     from raas.tasks.stem import StemHandler
+    from raas.tasks.swe.handler import ALIASES, SweHandler, warm_up
+
+    warm_up()
 
     handlers: dict[str, type[TaskHandler]] = {
         MathHandler.name: MathHandler,
@@ -38,6 +41,7 @@ def builtin_handlers() -> dict[str, type[TaskHandler]]:
         StemHandler.name: StemHandler,
     }
     handlers.update({alias: CodeHandler for alias in CODE_ALIASES})
+    handlers.update(dict.fromkeys((SweHandler.name, *ALIASES), SweHandler))
     return handlers
 
 

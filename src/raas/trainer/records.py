@@ -70,7 +70,7 @@ class JobRecord:
 
     def body(self) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "instance": {**self.group.instance, "trajectory_id": self.index},
+            "instance": {**self.group.instance, "trajectory_id": self.index, "group_id": self.group.group_id},
             "job_id": self.job_id,
         }
         if self.group.sampling_params is not None:

@@ -83,14 +83,19 @@ def _ids(value: Sequence[str] | str) -> list[str]:
     return list(value)
 
 
-def grade(record: Mapping[str, Any], test_output: str, exit_code: int | None) -> Grade:
+def grade(
+    record: Mapping[str, Any], test_output: str, exit_code: int | None, *, framed: bool = False
+) -> Grade:
     """Grade ``test_output`` (what the record's ``test_cmd`` printed, exit status ``exit_code``) against
-    the record's FAIL_TO_PASS / PASS_TO_PASS with SWE-bench's grading functions.
+    the record's FAIL_TO_PASS / PASS_TO_PASS with SWE-bench's grading functions. ``framed``: the output
+    is a whole SWE-bench eval script's log, which brackets the test output and records the exit status
+    itself. The record's ``eval_type`` (``pass_and_fail``, default, or ``fail_only``) is SWE-bench's.
 
     A log without usable results (``log_valid`` False) is not resolved; whether that is the model's
     doing (a patch that breaks the test run) or the harness's is the caller's call."""
     constants, grading, _, TestSpec = _swebench()
     f2p, p2p = _ids(record["FAIL_TO_PASS"]), _ids(record["PASS_TO_PASS"])
+    eval_type = constants.EvalType(str(record.get("eval_type") or constants.EvalType.PASS_AND_FAIL.value))
     spec = TestSpec(
         instance_id=str(record.get("instance_id", "")),
         image=str(record.get("image", "")),
@@ -99,22 +104,22 @@ def grade(record: Mapping[str, Any], test_output: str, exit_code: int | None) ->
         version=str(record.get("version", "")),
         FAIL_TO_PASS=f2p,
         PASS_TO_PASS=p2p,
-        log_parser=str(record.get("log_parser", "parse_log_pytest")),
-        eval_type=constants.EvalType.PASS_AND_FAIL.value,
+        log_parser=str(record.get("log_parser") or "parse_log_pytest"),
+        eval_type=eval_type.value,
     )
     if not known_parser(spec.log_parser):
         raise RaasError(f"unknown SWE-bench log parser {spec.log_parser!r}", kind="bad_request")
     fd, path = tempfile.mkstemp(prefix="raas-swe-log-", suffix=".txt")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
-            f.write(frame_log(test_output, exit_code))
+            f.write(test_output if framed else frame_log(test_output, exit_code))
         status_map, found = grading.get_logs_eval(spec, path)
     finally:
         os.unlink(path)
     if not found:
         return Grade(False, constants.ResolvedStatus.NO.value, False)
     gold = {constants.FAIL_TO_PASS: f2p, constants.PASS_TO_PASS: p2p}
-    report = grading.get_eval_tests_report(status_map, gold, eval_type=constants.EvalType.PASS_AND_FAIL)
+    report = grading.get_eval_tests_report(status_map, gold, eval_type=eval_type)
     status = grading.get_resolution_status(report)
     tests_status = {k: report[k] for k in (constants.FAIL_TO_PASS, constants.PASS_TO_PASS)}
     return Grade(status == constants.ResolvedStatus.FULL.value, status, True, tests_status, dict(status_map))

@@ -1,0 +1,124 @@
+"""A scripted SWE policy for tests and the benchmark: it performs a patch through the real tools.
+
+The policy is a :class:`~tests.doubles.scripted_llm.ScriptedLLM` (the vLLM wire protocol) whose answers
+are Hermes tool calls. One server serves many concurrent jobs: each job's system prompt carries a marker
+``[script:KEY]`` (sent per job as ``sampling_params.system_prompt``), and the responder decodes the prompt,
+finds the job's script and answers its next turn (the number of assistant turns already in the prompt).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tests.agent.scripted import EOS, tool_call
+from tests.doubles.scripted_llm import Completion, CompletionRequest
+
+from raas.llm.tokenizer import ChatTokenizer
+
+SYSTEM = "You are a software engineer. Fix the issue, then call submit. [script:{key}]"
+_MARKER = re.compile(r"\[script:([A-Za-z0-9_.:-]+)\]")
+
+
+@dataclass
+class Hunk:
+    path: str
+    old: str
+    new: str
+
+
+def hunks(patch: str) -> list[Hunk]:
+    """Each hunk of a unified diff as (file, old text, new text), context included."""
+    out: list[Hunk] = []
+    path = ""
+    old: list[str] | None = None
+    new: list[str] = []
+
+    def flush() -> None:
+        if old is not None:
+            out.append(Hunk(path, "\n".join(old), "\n".join(new)))
+
+    for line in patch.split("\n"):
+        if line.startswith("diff --git "):
+            flush()
+            old = None
+        elif line.startswith("+++ "):
+            path = line[len("+++ b/") :]
+        elif line.startswith("@@"):
+            flush()
+            old, new = [], []
+        elif old is not None and line[:1] in (" ", "-", "+"):
+            if line[0] in " -":
+                old.append(line[1:])
+            if line[0] in " +":
+                new.append(line[1:])
+    flush()
+    return out
+
+
+def gold_by_editor(patch: str, workdir: str = "/testbed") -> list[str]:
+    """Tool calls that type ``patch`` with the editor (one ``str_replace`` per hunk)."""
+    return [
+        tool_call(
+            "str_replace_editor",
+            command="str_replace",
+            path=f"{workdir}/{h.path}",
+            old_str=h.old,
+            new_str=h.new,
+        )
+        for h in hunks(patch)
+    ]
+
+
+def gold_by_bash(patch: str, workdir: str = "/testbed") -> list[str]:
+    """One bash call that writes ``patch`` to a file and applies it with ``git apply``."""
+    command = f"cd {workdir} && cat > /tmp/fix.patch <<'RAAS_EOF'\n{patch}RAAS_EOF\ngit apply /tmp/fix.patch && echo applied"
+    return [tool_call("bash", command=command)]
+
+
+def wrong_edit(path: str, n_lines: int, workdir: str = "/testbed") -> list[str]:
+    """An edit that changes the file without fixing anything (a comment at its end)."""
+    return [
+        tool_call(
+            "str_replace_editor",
+            command="insert",
+            path=f"{workdir}/{path}",
+            insert_line=n_lines,
+            new_str="# reviewed\n",
+        )
+    ]
+
+
+SUBMIT = tool_call("submit")
+
+
+@dataclass
+class ScriptBook:
+    """Scripts by key; the responder of a shared scripted server."""
+
+    tok: ChatTokenizer
+    scripts: dict[str, list[str]] = field(default_factory=dict)
+    served: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, key: str, calls: Sequence[str]) -> dict[str, str]:
+        """Register a script (its last turn is ``submit``); returns the job's ``sampling_params``."""
+        self.scripts[key] = [*calls, SUBMIT]
+        return {"system_prompt": SYSTEM.format(key=key)}
+
+    def __call__(self, req: CompletionRequest) -> Completion:
+        text = self.tok.decode(req.prompt_ids)
+        m = _MARKER.search(text)
+        if m is None or m.group(1) not in self.scripts:
+            raise RuntimeError("a prompt without a known script marker")
+        key = m.group(1)
+        turn = text.count("<|im_start|>assistant") - 1
+        script = self.scripts[key]
+        with self._lock:
+            self.served[key] = self.served.get(key, 0) + 1
+        answer = script[min(turn, len(script) - 1)]
+        c = Completion.of_text(answer, encode=self.tok.encode, eos_id=EOS)
+        c.logprobs = [-0.25] * len(c.token_ids)
+        return c

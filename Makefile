@@ -39,6 +39,7 @@ run: install
 
 test: install
 	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
 	bash scripts/run-tests.sh
 
 test-vllm: install

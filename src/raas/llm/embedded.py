@@ -175,15 +175,15 @@ class EmbeddedServer:
 
     async def _start_once(self, port: int) -> None:
         cmd = self.command(port)
-        self._spawn(cmd)
+        proc = self._spawn(cmd)
         self.port = port
         _LIVE.add(self)
         deadline = time.monotonic() + self.startup_timeout_s
         async with httpx.AsyncClient() as http:
             while True:
-                if self.proc.poll() is not None:
+                if proc.poll() is not None:
                     raise RaasError(
-                        f"exited with {self.proc.returncode}: {self.log_tail()}", kind="llm_unavailable"
+                        f"exited with {proc.returncode}: {self.log_tail()}", kind="llm_unavailable"
                     )
                 with contextlib.suppress(httpx.HTTPError):
                     r = await http.get(f"{self.url}/health", timeout=2.0)
@@ -196,7 +196,7 @@ class EmbeddedServer:
                     )
                 await asyncio.sleep(0.05)
 
-    def _spawn(self, cmd: list[str]) -> None:
+    def _spawn(self, cmd: list[str]) -> subprocess.Popen[bytes]:
         """Fork on the calling (event-loop) thread: PR_SET_PDEATHSIG follows the thread that forked."""
         reap_stale_dirs()
         self._tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-"))
@@ -210,6 +210,7 @@ class EmbeddedServer:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
+        return self.proc
 
     def log_tail(self, n: int = 2000) -> str:
         if self._log is None or not self._log.exists():

@@ -11,6 +11,13 @@ sandbox can never hang the caller:
 * a liveness check: while calls are in flight the client pings the server every ``liveness_interval_s``;
   a server that does not answer within ``liveness_timeout_s`` (stopped, frozen, or its loop blocked)
   fails every waiting call with ``sandbox_dead`` at once, and the client refuses further calls.
+
+One client serves one sandbox, and every sandbox's client shares the host's event loop: a large transfer
+must not stall the others. A thread does not help there (copying bytes, encoding text and parsing JSON
+hold the GIL), so large payloads are never handled in one piece: attachments go out in chunks with
+back-pressure (the transport never copies the whole), come in chunk by chunk into their final buffer (no
+join), and a large text is encoded chunk by chunk. Tarring a host directory (file I/O) runs on the
+client's own one-thread executor.
 """
 
 from __future__ import annotations
@@ -21,10 +28,12 @@ import io
 import itertools
 import os
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
+from raas.core.executors import Executor
 from raas.errors import RaasError
 from raas.sandbox.models import (
     BashResult,
@@ -36,18 +45,28 @@ from raas.sandbox.models import (
 from raas.toolserver import ops
 from raas.toolserver.protocol import (
     ATTACHMENT_KEY,
+    BAD_REQUEST,
     DEFAULT_MAX_ATTACHMENT,
     DEFAULT_MAX_FRAME,
     PROTOCOL_VERSION,
     ProtocolError,
     attachment_size,
     decode_body,
-    encode_message,
+    encode_frame,
     read_attachment,
     read_frame,
 )
 
 Reply = tuple[dict[str, Any], bytes | None]
+Attachment = bytes | list[bytes]
+"""Raw bytes sent after a request's frame: one buffer, or pieces sent back to back as one attachment."""
+
+LARGE_BYTES = 1 << 20
+"""Payloads from this size on are copied, encoded and decoded off the event loop."""
+CHUNK_BYTES = 1 << 20
+"""Attachments are written in chunks of this size, each after the previous one has drained."""
+
+T = TypeVar("T")
 
 __all__ = ["ToolClient", "op_args"]
 
@@ -86,6 +105,9 @@ class ToolClient:
         self._ids = itertools.count(1)
         self._connect_lock = asyncio.Lock()
         self._write_lock = asyncio.Lock()
+        self._transfers = Executor("raas-transfer", 1)
+        self._last_rx = 0.0  # loop time the server's last bytes arrived (liveness: a long download is life)
+        self._writes: set[asyncio.Task[None]] = set()
         self._closed = False
         self._dead: RaasError | None = None
 
@@ -136,10 +158,11 @@ class ToolClient:
                     break
                 if body is None:
                     break
+                self._last_rx = asyncio.get_running_loop().time()
                 try:
                     msg = decode_body(body)
                     n = attachment_size(msg, self.max_attachment)
-                    attachment = await read_attachment(reader, n) if ATTACHMENT_KEY in msg else None
+                    attachment = await self._read_attachment(reader, n) if ATTACHMENT_KEY in msg else None
                 except ProtocolError as exc:
                     error = RaasError(f"bad frame from the tool server: {exc.message}", kind="sandbox_dead")
                     break
@@ -162,10 +185,35 @@ class ToolClient:
         finally:
             self._drop_connection(error)
 
+    async def _read_attachment(self, reader: asyncio.StreamReader, n: int) -> bytes:
+        """``n`` raw bytes. A large attachment is filled in place chunk by chunk: a BytesIO over a fresh
+        zeroed ``bytes`` that only it holds writes into that object, and ``getvalue()`` hands the same
+        object back, so the whole is never copied (nor joined) in one piece."""
+        if n < LARGE_BYTES:
+            return await read_attachment(reader, n)
+        buf = io.BytesIO(bytes(n))
+        left = n
+        while left:
+            chunk = await reader.read(min(left, CHUNK_BYTES))
+            if not chunk:
+                raise ProtocolError(BAD_REQUEST, "connection closed inside an attachment")
+            buf.write(chunk)
+            left -= len(chunk)
+            self._last_rx = asyncio.get_running_loop().time()
+        return buf.getvalue()
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn`` on this client's transfer thread (the loop stays free for the other sandboxes)."""
+        if self._transfers.closed:
+            raise RaasError("tool client is closed", kind="sandbox_dead")
+        return await self._transfers.run(fn, *args)
+
     def _drop_connection(self, error: RaasError) -> None:
         writer, self._writer, self._reader = self._writer, None, None
         if writer is not None:
             writer.close()
+        for write in list(self._writes):
+            write.cancel()  # an attachment half sent to a server that may never read the rest
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():
@@ -189,6 +237,10 @@ class ToolClient:
         if writer is not None:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+        for write in list(self._writes):
+            with contextlib.suppress(BaseException):
+                await write
+        await self._transfers.aclose()
 
     async def __aenter__(self) -> ToolClient:
         await self.connect()
@@ -228,7 +280,7 @@ class ToolClient:
         args: dict[str, Any] | None = None,
         *,
         wait_s: float | None = None,
-        attachment: bytes | None = None,
+        attachment: Attachment | None = None,
         deadline: bool = True,
     ) -> Reply:
         """Like :meth:`request`, also sending ``attachment`` and returning the reply's attachment."""
@@ -237,17 +289,26 @@ class ToolClient:
         if not self.connected:
             await self.connect()
         req_id = next(self._ids)
-        parts = encode_message(
-            {"v": PROTOCOL_VERSION, "id": req_id, "tool": tool, "op": op, "args": args or {}}, attachment
-        )
-        if len(parts[0]) - 4 > self.max_frame:
+        header: dict[str, Any] = {
+            "v": PROTOCOL_VERSION,
+            "id": req_id,
+            "tool": tool,
+            "op": op,
+            "args": args or {},
+        }
+        pieces = None if attachment is None else attachment if isinstance(attachment, list) else [attachment]
+        size = 0 if pieces is None else sum(len(p) for p in pieces)
+        if pieces is not None:
+            header[ATTACHMENT_KEY] = size
+        frame = encode_frame(header)
+        if len(frame) - 4 > self.max_frame:
             raise RaasError(
-                f"request of {len(parts[0]) - 4} bytes exceeds the frame limit of {self.max_frame} bytes",
+                f"request of {len(frame) - 4} bytes exceeds the frame limit of {self.max_frame} bytes",
                 kind="payload_too_large",
             )
-        if attachment is not None and len(attachment) > self.max_attachment:
+        if size > self.max_attachment:
             raise RaasError(
-                f"{len(attachment)} bytes exceed the attachment limit of {self.max_attachment} bytes",
+                f"{size} bytes exceed the attachment limit of {self.max_attachment} bytes",
                 kind="payload_too_large",
             )
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
@@ -261,9 +322,7 @@ class ToolClient:
             if writer is None:
                 raise RaasError("the tool server connection is gone", kind="sandbox_dead")
             try:
-                writer.writelines(parts)
-                async with self._write_lock:
-                    await writer.drain()
+                await self._send(writer, frame, pieces or [], size)
             except (ConnectionError, OSError) as exc:
                 raise RaasError(f"sending to the tool server failed: {exc}", kind="sandbox_dead") from None
             limit = (self.request_timeout_s if wait_s is None else wait_s) if deadline else None
@@ -284,6 +343,44 @@ class ToolClient:
         err = msg.get("error") or {}
         raise RaasError(str(err.get("message", "tool server error")), kind=str(err.get("kind", "internal")))
 
+    async def _send(self, writer: asyncio.StreamWriter, frame: bytes, pieces: list[bytes], size: int) -> None:
+        """Write one message under the write lock. A small one goes into the transport whole; a large
+        attachment goes chunk by chunk, each after the previous one drained, in a task of its own that a
+        cancelled caller does not stop, so the connection never carries half a message and the transport
+        never holds a copy of the whole attachment."""
+        if size < LARGE_BYTES:
+            async with self._write_lock:
+                writer.writelines([frame, *pieces])
+                await writer.drain()
+            return
+        task = asyncio.create_task(self._write_chunked(writer, frame, pieces))
+        self._writes.add(task)
+        task.add_done_callback(self._write_done)
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not task.cancelled() or (current is not None and current.cancelling()):
+                raise
+            # The write was stopped because the connection was dropped, not this call.
+            raise RaasError("the tool server connection is gone", kind="sandbox_dead") from None
+
+    async def _write_chunked(self, writer: asyncio.StreamWriter, frame: bytes, pieces: list[bytes]) -> None:
+        async with self._write_lock:
+            writer.write(frame)
+            for piece in pieces:
+                view = memoryview(piece)
+                for start in range(0, len(view), CHUNK_BYTES):
+                    writer.write(view[start : start + CHUNK_BYTES])
+                    await writer.drain()
+
+    def _write_done(self, task: asyncio.Task[None]) -> None:
+        self._writes.discard(task)
+        if task.cancelled() or task.exception() is not None:
+            # Part of a message may be on the wire: the connection cannot carry another one.
+            why = "cancelled" if task.cancelled() else str(task.exception())
+            self._drop_connection(RaasError(f"sending to the tool server failed: {why}", kind="sandbox_dead"))
+
     # -- liveness ----------------------------------------------------------------------------------
 
     def _ensure_watchdog(self) -> None:
@@ -297,11 +394,14 @@ class ToolClient:
             await asyncio.sleep(self.liveness_interval_s)
             if self._calls <= 0 or not self.connected:
                 return
+            sent = asyncio.get_running_loop().time()
             try:
                 await self.request("server", "ping", wait_s=self.liveness_timeout_s)
             except RaasError as exc:
                 if exc.kind != "tool_timeout":
                     return  # the connection broke: the read loop already failed every call
+                if self._last_rx > sent:
+                    continue  # the answer waits behind a large attachment that is still arriving
                 self._declare_dead(
                     RaasError(
                         f"the tool server stopped answering: no reply to a liveness ping within "
@@ -337,7 +437,7 @@ class ToolClient:
         args: dict[str, Any] | None = None,
         *,
         wait_s: float | None = None,
-        attachment: bytes | None = None,
+        attachment: Attachment | None = None,
         deadline: bool | None = None,
     ) -> Reply:
         """One op with its arguments checked against the op declarations (:mod:`raas.toolserver.ops`):
@@ -457,7 +557,7 @@ class ToolClient:
 
     async def upload_dir(self, host_dir: str | os.PathLike[str], dest: str) -> int:
         """Copy the contents of ``host_dir`` into ``dest`` in the sandbox."""
-        data = await asyncio.to_thread(tar_directory, Path(host_dir))
+        data = await self._off_loop(tar_directory, Path(host_dir))
         return await self.upload_bytes(data, dest)
 
     async def download(self, path: str) -> bytes:
@@ -466,13 +566,25 @@ class ToolClient:
         return data or b""
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
-        raw = data.encode("utf-8") if isinstance(data, str) else data
+        raw: Attachment = data if not isinstance(data, str) else await _encode_in_pieces(data)
         args = {"path": path, "mode": mode}
         await self.call("files", "write", args, attachment=raw)
 
     async def read_file(self, path: str) -> bytes:
         _, data = await self.call("files", "read", {"path": path})
         return data or b""
+
+
+async def _encode_in_pieces(text: str) -> Attachment:
+    """UTF-8 of ``text``; a large one as pieces encoded one at a time, yielding to the loop in between
+    (code points encode independently, so the pieces together are the encoding of the whole)."""
+    if len(text) < LARGE_BYTES:
+        return text.encode("utf-8")
+    pieces = []
+    for start in range(0, len(text), CHUNK_BYTES):
+        pieces.append(text[start : start + CHUNK_BYTES].encode("utf-8"))
+        await asyncio.sleep(0)
+    return pieces
 
 
 def op_args(tool: str, op: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ is linear in the input.
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Tuple
+from typing import List, Optional, Pattern, Tuple
 
 from .protocol import truncation_marker
 
@@ -31,7 +31,7 @@ _CR_NL = re.compile(r"\r+\n")
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def _body_end(pattern: re.Pattern[str], text: str, pos: int) -> int:
+def _body_end(pattern: Pattern[str], text: str, pos: int) -> int:
     """Where ``pattern``'s run starting at ``pos`` ends (each body pattern also matches the empty run)."""
     m = pattern.match(text, pos)
     return pos if m is None else m.end()

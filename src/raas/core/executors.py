@@ -54,8 +54,10 @@ class Executor:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def aclose(self) -> None:
-        """:meth:`shutdown`, then wait (without blocking the loop) for the calls still running."""
+        """:meth:`shutdown`, then wait (without blocking the loop) for the calls still running, and for
+        the worker threads to exit."""
         self.shutdown()
         running = list(self._started)
         if running:
             await asyncio.gather(*(asyncio.wrap_future(f) for f in running), return_exceptions=True)
+        self._pool.shutdown(wait=True)  # idle workers only, woken to exit: the join is immediate

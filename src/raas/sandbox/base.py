@@ -26,8 +26,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
+from raas.core.executors import Executor
 from raas.errors import RaasError
 from raas.sandbox import procs
 from raas.sandbox.client import ToolClient
@@ -37,6 +38,8 @@ from raas.sandbox.identity import SandboxIdentity, allocate_identity, current_id
 if TYPE_CHECKING:
     from raas.sandbox.models import BashResult, IPythonResult
 
+T = TypeVar("T")
+
 READY_LINE = b"RAAS_TOOLSERVER_READY 1"
 INNER_RUN = "/.raas/run"
 INNER_LIB = "/.raas/lib"
@@ -44,6 +47,29 @@ INNER_AREA = "/.raas/rw"
 SOCKET_NAME = "tool.sock"
 # AF_UNIX sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
+
+
+class SandboxPools:
+    """The blocking work of sandboxes, split so that slow starts never hold up closes.
+
+    ``start``: identity allocation, :meth:`Sandbox.prepare` (which may convert an image: minutes),
+    bundle checks, reaping. ``close``: the ``/proc`` scans that kill what a sandbox left and the removal
+    of its directories. Whoever creates the pools shuts them down (:meth:`aclose`)."""
+
+    def __init__(self, name: str = "raas-sandbox", start_workers: int = 4, close_workers: int = 2) -> None:
+        self.start = Executor(f"{name}-start", start_workers)
+        self.close = Executor(f"{name}-close", close_workers)
+
+    @property
+    def closed(self) -> bool:
+        return self.start.closed or self.close.closed
+
+    def shutdown(self) -> None:
+        self.start.shutdown()
+        self.close.shutdown()
+
+    async def aclose(self) -> None:
+        await asyncio.gather(self.start.aclose(), self.close.aclose())
 
 
 @dataclass
@@ -105,7 +131,10 @@ class Sandbox(ABC):
         scratch: Path,
         bundle_dir: Path,
         on_close: Callable[[Sandbox], None] | None = None,
+        pools: SandboxPools | None = None,
     ) -> None:
+        """``pools``: the manager's (shared by its sandboxes); without them, or once they are shut down,
+        the sandbox uses pools of its own and shuts them down when it has closed."""
         self.config = config
         self.id = sandbox_id
         self.owner = owner
@@ -113,6 +142,8 @@ class Sandbox(ABC):
         self.bundle_dir = bundle_dir
         self.lease_deadline: float | None = None
         self._on_close = on_close
+        self._pools = pools
+        self._own_pools: SandboxPools | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._client: SandboxTools | None = None
         self._watch_task: asyncio.Task[None] | None = None
@@ -255,11 +286,11 @@ class Sandbox(ABC):
         t0 = time.perf_counter()
         try:
             if self.dedicated_identity:
-                self.identity = await asyncio.to_thread(allocate_identity)
+                self.identity = await self._blocking("start", allocate_identity)
             self.make_dirs()
             if len(str(self.socket_path)) > MAX_SOCKET_PATH:
                 raise RaasError(f"socket path {self.socket_path} is too long for AF_UNIX", kind="bad_request")
-            await asyncio.to_thread(self.prepare)
+            await self._blocking("start", self.prepare)
             spec = self.build_launch()
             await self._spawn(spec)
             self._extra_cleanup = spec.extra_cleanup
@@ -378,7 +409,7 @@ class Sandbox(ABC):
             with contextlib.suppress(Exception):
                 await self._client.close()
         # Whatever it left behind (bash sessions live in their own sessions) goes now.
-        await asyncio.to_thread(procs.kill_by_env, self.id)
+        await self._blocking("close", procs.kill_by_env, self.id)
 
     def _log_tail(self, n: int = 2000) -> str:
         try:
@@ -429,10 +460,22 @@ class Sandbox(ABC):
                 with contextlib.suppress(BaseException):
                     await task
         try:
-            await asyncio.to_thread(self._cleanup_sync)
+            await self._blocking("close", self._cleanup_sync)
         finally:
+            own, self._own_pools = self._own_pools, None
+            if own is not None:
+                await own.aclose()
             self._notify_closed()  # on the loop thread: the manager's books are not thread-safe
             self._closed_event.set()
+
+    async def _blocking(self, kind: Literal["start", "close"], fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking ``fn`` on this sandbox's ``start`` or ``close`` pool (never the loop's default one)."""
+        pools = self._pools
+        if pools is None or pools.closed:
+            if self._own_pools is None:
+                self._own_pools = SandboxPools(f"raas-{self.id}", 1, 1)
+            pools = self._own_pools
+        return await (pools.start if kind == "start" else pools.close).run(fn, *args)
 
     def kill_sync(self) -> None:
         """Synchronous last-resort close for atexit and signal handlers (no event loop needed)."""

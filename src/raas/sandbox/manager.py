@@ -41,7 +41,14 @@ from typing import Any
 
 from raas.errors import RaasError
 from raas.sandbox import procs
-from raas.sandbox.base import MAX_SOCKET_PATH, Sandbox, SandboxConfig, backend_class, remove_tree
+from raas.sandbox.base import (
+    MAX_SOCKET_PATH,
+    Sandbox,
+    SandboxConfig,
+    SandboxPools,
+    backend_class,
+    remove_tree,
+)
 from raas.sandbox.identity import make_private_dir, traversable_by_others
 
 log = logging.getLogger(__name__)
@@ -138,6 +145,7 @@ class SandboxManager:
         self._lease_timers: dict[str, asyncio.TimerHandle] = {}
         self._bundle_lock = asyncio.Lock()
         self._expiring: set[asyncio.Task[None]] = set()
+        self.pools = SandboxPools()  # shut down (and replaced) by close_all once no sandbox is left
         _MANAGERS.add(self)
         _install_atexit()
 
@@ -187,7 +195,7 @@ class SandboxManager:
         """The tool-server bundle, bound read-only into every sandbox. Its digest is checked every time
         it is handed out; a bundle that changed on disk is thrown away and a fresh one built."""
         async with self._bundle_lock:
-            return await asyncio.to_thread(_checked_bundle, self.bundles_dir)
+            return await self.pools.start.run(_checked_bundle, self.bundles_dir)
 
     # ---- starting ------------------------------------------------------------------------------------
     async def start(self, config: SandboxConfig, *, owner: str, lease_s: float | None = None) -> Sandbox:
@@ -202,6 +210,7 @@ class SandboxManager:
             scratch=self.scratch_root / sid,
             bundle_dir=bundle,
             on_close=self._forget,
+            pools=self.pools,
         )
         lease = lease_s if lease_s is not None else self.default_lease_s
         if lease is not None:
@@ -269,6 +278,10 @@ class SandboxManager:
         doomed = list(self._live.values())
         await asyncio.shield(asyncio.gather(*(s.close() for s in doomed), return_exceptions=True))
         self._release_scratch_root()
+        if not self._live:
+            # Fresh pools start no thread until used: the manager stays usable after close_all.
+            pools, self.pools = self.pools, SandboxPools()
+            await pools.aclose()
 
     def close_all_sync(self) -> None:
         """No event loop needed: for atexit and signal handlers."""
@@ -276,6 +289,7 @@ class SandboxManager:
             with contextlib.suppress(Exception):
                 sb.kill_sync()
         self._release_scratch_root()
+        self.pools.shutdown()
 
     def _release_scratch_root(self) -> None:
         """A scratch root outside the state dir (the short /var/tmp one) goes once no sandbox is left."""
@@ -298,7 +312,7 @@ class SandboxManager:
     # ---- reaping -------------------------------------------------------------------------------------
     async def reap_stale(self) -> builtins.list[str]:
         """Reap sandboxes that a dead previous run of this state dir left behind; returns their ids."""
-        return await asyncio.to_thread(self._reap_stale_sync)
+        return await self.pools.start.run(self._reap_stale_sync)
 
     def _record_is_live_elsewhere(self, rec: dict[str, Any]) -> bool:
         mgr = rec.get("manager") or {}

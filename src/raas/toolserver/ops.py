@@ -236,6 +236,22 @@ OPS: Dict[Tuple[str, str], Op] = {
             ),
             result=(Field("output", STR),),
         ),
+        Op(
+            "gateway",
+            "forward",
+            "Start (once per socket) a 127.0.0.1 TCP port in the sandbox that leads to a Unix socket.",
+            args=(
+                Arg("socket", STR, required=True, description="Absolute path of the Unix socket."),
+                Arg("port", INT, maximum=65535, description="The TCP port (default 0: any free one)."),
+            ),
+            result=(
+                Field("host", STR),
+                Field("port", INT),
+                Field("socket", STR),
+                Field("connections", INT),
+                Field("refused", INT),
+            ),
+        ),
         # File contents travel as the message's attachment (raw bytes), never in args.
         Op(
             "files",

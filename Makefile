@@ -63,6 +63,7 @@ run: install
 
 test: install
 	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
 	bash scripts/run-tests.sh
 
 test-vllm: install

@@ -63,6 +63,36 @@ def tools_latency() -> str:
     )
 
 
+def transfer() -> str:
+    data = _load("transfer.json")
+    if not data:
+        return ""
+    rows = []
+    for name, label in (("alone", "A alone"), ("during_transfer", "A while B transfers")):
+        r = data[name]
+        rows.append(
+            [
+                label,
+                r["n"],
+                r["p50_ms"],
+                r["p90_ms"],
+                r["p99_ms"],
+                r["max_ms"],
+                r["loop_worst_stall_ms"],
+                "-".join(str(x) for x in r["load_avg_1m"]),
+            ]
+        )
+    during = data["during_transfer"]
+    return (
+        "### One sandbox's transfers vs another's tool calls (`python bench/transfer.py`)\n\n"
+        f"Two {data['backend']} sandboxes on one event loop: A runs `echo hello` through the bash tool, alone, "
+        f"then while B writes and reads back {data['payload_mb']} MB {during.get('transfer_rounds', '?')} "
+        f"times ({during.get('transfer_mb_per_s', '?')} MB/s both ways together). 'Loop stall' is the longest "
+        "a 1 ms timer fired late. Load average (1 min) before-after each phase is in the last column.\n\n"
+        + _table(["phase", "n", "p50 ms", "p90 ms", "p99 ms", "max ms", "loop stall ms", "load avg"], rows)
+    )
+
+
 def templating() -> str:
     data = _load("templating.json")
     if not data:
@@ -384,6 +414,7 @@ def swe() -> str:
 def main() -> None:
     sections = [
         tools_latency(),
+        transfer(),
         templating(),
         prefix_cache(),
         llm_routing(),

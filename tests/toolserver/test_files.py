@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
 import os
 import tarfile
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from raas.errors import RaasError
-from raas.sandbox.client import ToolClient, tar_directory
+from raas.sandbox.client import LARGE_BYTES, ToolClient, tar_directory
 
 from .conftest import RunningServer
 
@@ -67,6 +69,49 @@ async def test_single_file_download_and_write_read(client: ToolClient, shared_se
         assert tar.getnames() == ["blob.bin"]
         member = tar.extractfile("blob.bin")
         assert member is not None and member.read() == payload
+
+
+async def test_large_transfers_interleave_with_other_calls_on_one_connection(
+    client: ToolClient, shared_server: RunningServer
+) -> None:
+    """Attachments over LARGE_BYTES go out in chunks and come back chunk by chunk: bash calls sent on the
+    same connection meanwhile neither corrupt nor get corrupted by them."""
+    path = f"{shared_server.workdir}/large.bin"
+    payload = os.urandom(3 * LARGE_BYTES + 12345)
+    text = "ü" * (LARGE_BYTES // 2 + 7)  # a str over LARGE_BYTES characters' worth of UTF-8
+
+    async def echoes() -> list[str]:
+        return [(await client.bash(f"echo {i}")).output for i in range(20)]
+
+    async def transfers() -> None:
+        for _ in range(3):
+            await client.write_file(path, payload)
+            assert await client.read_file(path) == payload
+        await client.write_file(path + ".txt", text)
+        assert (await client.read_file(path + ".txt")).decode() == text
+
+    outputs, _ = await asyncio.gather(echoes(), transfers())
+    assert outputs == [f"{i}\n" for i in range(20)]
+
+
+async def test_a_cancelled_large_upload_leaves_the_connection_usable(
+    client: ToolClient, shared_server: RunningServer
+) -> None:
+    """Cancelling the caller mid-upload does not cut the message short: the rest is still sent and the
+    next calls on the same client work."""
+    path = f"{shared_server.workdir}/cancelled.bin"
+    payload = os.urandom(8 * LARGE_BYTES)
+    upload = asyncio.create_task(client.write_file(path, payload))
+    await asyncio.sleep(0)
+    upload.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await upload
+    assert upload.cancelled()
+    # A message cut short would make the server read the next frames as the rest of the attachment.
+    assert (await client.bash("echo still here")).output == "still here\n"
+    await client.write_file(path + ".2", payload[::-1])
+    assert await client.read_file(path + ".2") == payload[::-1]
+    assert client.connected
 
 
 def evil_tar(name: str, *, link: str | None = None, kind: bytes = tarfile.REGTYPE) -> bytes:

@@ -1,5 +1,8 @@
 """The agent's tools: their JSON schemas (shown to the policy) and their dispatch to a sandbox's tool client.
 
+The sandbox tools are not described here: their schemas, argument checks and dispatch are derived from the
+op declarations in :mod:`raas.toolserver.ops`, which the tool server and the host client read too.
+
 A tool failure the policy caused or can react to (bad arguments, a failing command, a command that ran past
 its own timeout, a missing kernel) becomes an *observation* the policy reads; failures of the infrastructure
 itself (the sandbox died, its tool server stopped answering) propagate as :class:`~raas.errors.RaasError` so
@@ -9,120 +12,49 @@ the job is filtered. Which is which is :func:`raas.errors.is_infrastructure`'s c
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from raas.core.metrics import observe_tool
 from raas.errors import RaasError, is_infrastructure
+from raas.sandbox.models import BashResult, IPythonResult
+from raas.toolserver import ops
+from raas.toolserver.ops import Arg, PolicyTool
 
 if TYPE_CHECKING:
     from raas.sandbox import Sandbox
-    from raas.sandbox.models import BashResult, IPythonResult
 
 TERMINAL_TOOLS = frozenset({"finish", "submit"})
 
-_EDITOR_COMMANDS = ["view", "create", "str_replace", "insert", "undo_edit"]
-
-SCHEMAS: dict[str, dict[str, Any]] = {
-    "bash": {
-        "type": "function",
-        "function": {
-            "name": "bash",
-            "description": "Run a bash command in a persistent shell in the sandbox and return its output. "
-            "A command that waits for keyboard input returns early and keeps running: call bash again "
-            "with is_input=true to type into it.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "command": {"type": "string", "description": "The command to run."},
-                    "timeout": {
-                        "type": "number",
-                        "description": "Seconds before the command is interrupted.",
-                    },
-                    "is_input": {
-                        "type": "boolean",
-                        "description": "Send `command` as input to the program still running in the shell "
-                        '(include "\\n" for Enter; "C-c", "C-d" or "C-z" send those keys) instead of '
-                        "running it as a new command.",
-                    },
-                },
-                "required": ["command"],
-            },
-        },
-    },
-    "ipython": {
-        "type": "function",
-        "function": {
-            "name": "ipython",
-            "description": "Run Python code in a persistent IPython kernel; returns stdout, the value of "
-            "the last expression and any error.",
-            "parameters": {
-                "type": "object",
-                "properties": {"code": {"type": "string", "description": "Python code to execute."}},
-                "required": ["code"],
-            },
-        },
-    },
-    "str_replace_editor": {
-        "type": "function",
-        "function": {
-            "name": "str_replace_editor",
-            "description": "View, create and edit files: view a file or directory, create a file, replace "
-            "an exact unique string, insert text after a line, or undo the last edit.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "command": {"type": "string", "enum": _EDITOR_COMMANDS},
-                    "path": {"type": "string", "description": "Absolute path of the file or directory."},
-                    "file_text": {"type": "string", "description": "Content for `create`."},
-                    "old_str": {"type": "string", "description": "Exact text to replace (`str_replace`)."},
-                    "new_str": {"type": "string", "description": "Replacement or inserted text."},
-                    "insert_line": {"type": "integer", "description": "Insert after this line (`insert`)."},
-                    "view_range": {
-                        "type": "array",
-                        "items": {"type": "integer"},
-                        "description": "[start, end] lines for `view`; end -1 means to the end.",
-                    },
-                },
-                "required": ["command", "path"],
-            },
-        },
-    },
-    "finish": {
-        "type": "function",
-        "function": {
-            "name": "finish",
-            "description": "Submit the final answer and end the task.",
-            "parameters": {
-                "type": "object",
-                "properties": {"answer": {"type": "string", "description": "The final answer."}},
-                "required": ["answer"],
-            },
-        },
-    },
-    "submit": {
-        "type": "function",
-        "function": {
-            "name": "submit",
-            "description": "Declare the task done (the sandbox's current state is what gets evaluated).",
-            "parameters": {
-                "type": "object",
-                "properties": {"answer": {"type": "string", "description": "An optional final answer."}},
-                "required": [],
-            },
-        },
-    },
+AGENT_TOOLS: dict[str, PolicyTool] = {
+    "finish": PolicyTool(
+        "finish",
+        "Submit the final answer and end the task.",
+        extra=(Arg("answer", ops.STR, required=True, description="The final answer."),),
+    ),
+    "submit": PolicyTool(
+        "submit",
+        "Declare the task done (the sandbox's current state is what gets evaluated).",
+        extra=(Arg("answer", ops.STR, description="An optional final answer."),),
+    ),
 }
+"""Tools the agent loop handles itself (they end the run; nothing runs in the sandbox)."""
 
-_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "number": (int, float),
-    "integer": (int,),
-    "array": (list,),
-    "object": (dict,),
-    "boolean": (bool,),
-}
+
+def policy_tools() -> dict[str, PolicyTool]:
+    """Every tool the policy can be given: the sandbox ones of :data:`raas.toolserver.ops.POLICY_TOOLS`
+    (read at call time, so the op declarations stay the only source) and the agent's own."""
+    return {**ops.POLICY_TOOLS, **AGENT_TOOLS}
+
+
+def tool_schema(name: str) -> dict[str, Any]:
+    """The function schema the policy sees for tool ``name``, derived from the op declarations."""
+    return ops.function_schema(policy_tools()[name])
+
+
+SCHEMAS: dict[str, dict[str, Any]] = {name: tool_schema(name) for name in policy_tools()}
+"""Every tool's schema as of import (see :func:`tool_schema`)."""
 
 
 @dataclass
@@ -149,26 +81,23 @@ def truncate(text: str, cap_bytes: int) -> str:
 
 def validate_arguments(name: str, arguments: Mapping[str, Any]) -> str | None:
     """A message naming what is wrong with ``arguments`` for tool ``name``, or None when they fit its schema."""
-    schema = SCHEMAS[name]["function"]["parameters"]
-    props: dict[str, Any] = schema["properties"]
-    missing = [k for k in schema.get("required", []) if k not in arguments]
+    args = {a.name: a for a in ops.policy_args(policy_tools()[name])}
+    missing = [k for k, a in args.items() if a.required and k not in arguments]
     if missing:
         return f"missing required argument(s) {', '.join(missing)} for {name}"
-    unknown = [k for k in arguments if k not in props]
+    unknown = [k for k in arguments if k not in args]
     if unknown:
-        return f"unknown argument(s) {', '.join(unknown)} for {name} (allowed: {', '.join(props)})"
+        return f"unknown argument(s) {', '.join(unknown)} for {name} (allowed: {', '.join(args)})"
     for key, value in arguments.items():
-        expected = props[key].get("type")
-        types = _TYPES.get(expected or "", ())
         if value is None:
             continue
-        if types and (
-            not isinstance(value, types) or (expected in ("number", "integer") and isinstance(value, bool))
-        ):
+        arg = args[key]
+        problem = ops.value_problem(arg, value)
+        if problem == "type":
+            expected = ops.JSON_TYPES[arg.type]
             return f"argument {key!r} of {name} must be of type {expected}, got {type(value).__name__}"
-        enum = props[key].get("enum")
-        if enum and value not in enum:
-            return f"argument {key!r} of {name} must be one of {', '.join(enum)}"
+        if problem is not None:
+            return f"argument {key!r} of {name} must be {ops.describe(arg)}"
     return None
 
 
@@ -210,14 +139,17 @@ class ToolSet:
 
     def __init__(self, names: Iterable[str]) -> None:
         names = list(names)
-        unknown = [n for n in names if n not in SCHEMAS]
+        tools = policy_tools()
+        unknown = [n for n in names if n not in tools]
         if unknown:
             raise RaasError(f"unknown tool(s): {', '.join(unknown)}", kind="bad_request")
         self.names = names
+        self._tools = {n: tools[n] for n in names}
+        self._schemas = [ops.function_schema(tools[n]) for n in names]
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
-        return [SCHEMAS[n] for n in self.names]
+        return self._schemas
 
     def is_terminal(self, name: str) -> bool:
         return name in TERMINAL_TOOLS and name in self.names
@@ -259,23 +191,10 @@ class ToolSet:
     async def _run(
         self, sandbox: Sandbox, name: str, arguments: Mapping[str, Any], *, timeout_s: float, cap_bytes: int
     ) -> Observation:
+        tool, op, args = sandbox_call(self._tools[name], arguments, timeout_s)
         try:
-            if name == "bash":
-                timeout = arguments.get("timeout")
-                t = min(float(timeout), timeout_s) if timeout else timeout_s
-                if arguments.get("is_input"):
-                    result = await sandbox.tools.bash_send(str(arguments["command"]), timeout=t)
-                else:
-                    result = await sandbox.tools.bash(str(arguments["command"]), timeout=t)
-                text = _format_bash(result)
-            elif name == "ipython":
-                text = _format_ipython(await sandbox.tools.ipython(str(arguments["code"]), timeout=timeout_s))
-            elif name == "str_replace_editor":
-                extra = {k: v for k, v in arguments.items() if k not in ("command", "path") and v is not None}
-                r = await sandbox.tools.editor(str(arguments["command"]), str(arguments["path"]), **extra)
-                text = r.output or "(no output)"
-            else:
-                raise RaasError(f"tool {name} has no dispatcher", kind="internal")
+            result, _ = await sandbox.tools.call(tool, op, args)
+            text = _FORMATTERS[(tool, op)](result)
         except RaasError as e:
             if is_infrastructure(e.kind):
                 raise
@@ -283,3 +202,39 @@ class ToolSet:
                 truncate(f"Error ({e.kind}): {e.message}", cap_bytes), is_error=True, kind=e.kind
             )
         return Observation(truncate(text, cap_bytes))
+
+
+def sandbox_call(
+    tool: PolicyTool, arguments: Mapping[str, Any], timeout_s: float
+) -> tuple[str, str, dict[str, Any]]:
+    """The op and its arguments for one (checked) policy call: the arguments the policy sees go through
+    unchanged, a ``timeout`` is capped at ``timeout_s`` (and is ``timeout_s`` when the op takes one and
+    the policy gave none), and ``bash`` with ``is_input`` types ``command`` into ``bash.send``."""
+    if tool.op is None:
+        raise RaasError(f"tool {tool.name} has no dispatcher", kind="internal")
+    op_tool, op_name = tool.op
+    decl = ops.get_op(op_tool, op_name)
+    shown = {a.name for a in decl.args if a.policy}
+    args = {k: v for k, v in arguments.items() if k in shown and v is not None}
+    if decl.arg("timeout") is not None:
+        asked = args.get("timeout")
+        args["timeout"] = min(float(asked), timeout_s) if asked else timeout_s
+    if tool.name == "bash" and arguments.get("is_input"):
+        send = ops.get_op("bash", "send")
+        op_name = send.name
+        args = {("input" if k == "command" else k): v for k, v in args.items()}
+        args = {k: v for k, v in args.items() if send.arg(k) is not None}
+    return op_tool, op_name, args
+
+
+def _format_editor(result: dict[str, Any]) -> str:
+    return str(result.get("output") or "(no output)")
+
+
+_FORMATTERS: dict[tuple[str, str], Callable[[dict[str, Any]], str]] = {
+    ("bash", "run"): lambda r: _format_bash(BashResult.model_validate(r)),
+    ("bash", "send"): lambda r: _format_bash(BashResult.model_validate(r)),
+    ("ipython", "run"): lambda r: _format_ipython(IPythonResult.model_validate(r)),
+    ("editor", "run"): _format_editor,
+}
+"""How each op's result reads to the policy."""

@@ -163,6 +163,7 @@ class Ledger:
         self._flush_soon = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._stopped: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------------------------
@@ -194,7 +195,10 @@ class Ledger:
         self._closed = True
         self._flush()
         self._ops.put(_STOP)
-        await asyncio.to_thread(self._thread.join)
+        # The writer says when it is done (no pool thread spent waiting on a join); then the join is
+        # only the thread's last instructions.
+        await asyncio.wrap_future(self._stopped)
+        self._thread.join()
 
     def _connect(self) -> tuple[sqlite3.Connection, str]:
         """Open the database after the integrity checks of :mod:`raas.pipeline.ledger_integrity`; mark the
@@ -227,6 +231,12 @@ class Ledger:
             conn.close()
 
     def _writer(self, ready: concurrent.futures.Future[None]) -> None:
+        try:
+            self._write_until_stopped(ready)
+        finally:
+            self._stopped.set_result(None)
+
+    def _write_until_stopped(self, ready: concurrent.futures.Future[None]) -> None:
         try:
             conn, ledger_id = self._connect()
         except RaasError as exc:

@@ -1,4 +1,5 @@
-"""The sandbox interface shared by every backend, its configuration, and the backend factory.
+"""The sandbox interface shared by every backend, and the backend factory (the configuration is in
+:mod:`raas.sandbox.config`).
 
 A backend only says *how to launch* the tool server (:meth:`Sandbox.build_launch`, a pure function of
 the config, paths and identity, so command construction is unit-testable without the runtime installed).
@@ -27,141 +28,50 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
+from raas.core.executors import Executor
 from raas.errors import RaasError
 from raas.sandbox import procs
 from raas.sandbox.client import ToolClient
+from raas.sandbox.config import WRITABLE_DIRS, SandboxConfig
 from raas.sandbox.identity import SandboxIdentity, allocate_identity, current_identity, make_fresh_dir
 
 if TYPE_CHECKING:
     from raas.sandbox.models import BashResult, IPythonResult
 
+T = TypeVar("T")
+
 READY_LINE = b"RAAS_TOOLSERVER_READY 1"
 INNER_RUN = "/.raas/run"
 INNER_LIB = "/.raas/lib"
 INNER_AREA = "/.raas/rw"
-# Image dirs the writable area is bound over inside container sandboxes (besides the workdir).
-WRITABLE_DIRS = ("/tmp", "/var/tmp", "/root", "/run", "/dev/shm")
 SOCKET_NAME = "tool.sock"
 # AF_UNIX sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
 
 
-class SandboxConfig(BaseModel):
-    """How to run one sandbox; backends read the fields that apply to them."""
+class SandboxExecutors:
+    """The blocking work of sandboxes, split so that slow starts never hold up closes.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    ``start``: identity allocation, :meth:`Sandbox.prepare` (which may convert an image: minutes),
+    bundle checks, reaping. ``close``: the ``/proc`` scans that kill what a sandbox left and the removal
+    of its directories. Whoever creates them shuts them down (:meth:`aclose`)."""
 
-    backend: str = "local"
-    image: str | None = Field(
-        default=None, description="rootfs dir, SIF file, docker://, docker-archive:, oci-archive:"
-    )
-    network: bool = False
-    fakeroot: bool = True
-    workdir: str = "/workspace"
-    env: dict[str, str] = Field(default_factory=dict)
-    binds: list[str] = Field(default_factory=list, description="HOST:DEST[:ro|rw]")
-    command_timeout_s: float | None = Field(
-        300.0, gt=0, description="default limit of every bash/ipython call (None: no limit)"
-    )
-    output_cap_bytes: int = 30000
-    memory_mb: int | None = Field(None, gt=0, description="RLIMIT_AS of every process in the sandbox")
-    file_size_mb: int | None = Field(
-        None, gt=0, description="RLIMIT_FSIZE: the largest file a process may write"
-    )
-    max_procs: int | None = Field(
-        None,
-        gt=0,
-        description="RLIMIT_NPROC: per sandbox when raas runs as root (a uid of its own), per user otherwise",
-    )
-    disk_mb: int | None = Field(
-        1024,
-        gt=0,
-        description="size of the sandbox's writable area (tmpfs, all writable dirs together); None: no cap",
-    )
-    max_ptys: int = Field(64, ge=4, le=4096, description="pseudo-terminals the sandbox may hold at once")
-    max_sessions: int = Field(32, ge=1, le=1024, description="bash sessions the tool server keeps at once")
-    writable: list[str] = Field(
-        default_factory=list,
-        description="image dirs besides workdir that become writable copies (copied into the writable area)",
-    )
-    liveness_timeout_s: float = Field(
-        5.0, gt=0, description="a tool server that does not answer a ping this long is dead"
-    )
-    start_timeout_s: float = 60.0
-    python: str = "python3"
-    root_writes: Literal["tmpfs", "host"] = Field(
-        default="tmpfs",
-        description="the writable area: a size-capped tmpfs (RAM), or a host dir under the scratch dir "
-        "(disk, not capped by disk_mb)",
-    )
-    extra_args: list[str] = Field(default_factory=list, description="extra runtime flags, backend-specific")
+    def __init__(self, name: str = "raas-sandbox", start_workers: int = 4, close_workers: int = 2) -> None:
+        self.start = Executor(f"{name}-start", start_workers)
+        self.close = Executor(f"{name}-close", close_workers)
 
-    @field_validator("binds")
-    @classmethod
-    def _check_binds(cls, v: list[str]) -> list[str]:
-        for b in v:
-            _, dest, _ = parse_bind(b)
-            shadowed = [w for w in WRITABLE_DIRS if dest == w or dest.startswith(w + "/")]
-            if shadowed or dest == "/" or dest == "/.raas" or dest.startswith("/.raas/"):
-                raise ValueError(
-                    f"bind {b!r}: {dest} is inside the sandbox's own writable area or raas's /.raas; "
-                    "bind somewhere else (e.g. /mnt/...)"
-                )
-        return v
+    @property
+    def closed(self) -> bool:
+        return self.start.closed or self.close.closed
 
-    @field_validator("workdir")
-    @classmethod
-    def _check_workdir(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError("workdir must be an absolute path")
-        return v
+    def shutdown(self) -> None:
+        self.start.shutdown()
+        self.close.shutdown()
 
-    @model_validator(mode="after")
-    def _binds_outside_workdir(self) -> SandboxConfig:
-        for b in self.binds:
-            dest = parse_bind(b)[1]
-            if dest == self.workdir or dest.startswith(self.workdir.rstrip("/") + "/"):
-                raise ValueError(f"bind {b!r}: {dest} is inside the workdir, which the writable area covers")
-        return self
-
-    @field_validator("writable")
-    @classmethod
-    def _check_writable(cls, v: list[str]) -> list[str]:
-        for p in v:
-            if not p.startswith("/") or p.rstrip("/") in ("", "/.raas") or p.startswith("/.raas/"):
-                raise ValueError(f"writable dir {p!r} must be an absolute path outside /.raas")
-        return v
-
-    @field_validator("env")
-    @classmethod
-    def _check_env(cls, v: dict[str, str]) -> dict[str, str]:
-        for k in v:
-            if not k or "=" in k or "\0" in k or k == procs.ENV_KEY:
-                raise ValueError(f"invalid environment variable name {k!r}")
-        return v
-
-
-def config_from_dict(data: dict[str, Any]) -> SandboxConfig:
-    """Validate user-supplied config data; a bad field is a ``bad_request``, not a pydantic error."""
-    try:
-        return SandboxConfig.model_validate(data)
-    except ValidationError as e:
-        raise RaasError(f"invalid sandbox config: {e}", kind="bad_request") from e
-
-
-def parse_bind(spec: str) -> tuple[str, str, bool]:
-    """``HOST:DEST[:ro|rw]`` → (host, dest, read_only); raises ValueError on a malformed spec."""
-    parts = spec.split(":")
-    if len(parts) not in (2, 3) or not parts[0].startswith("/") or not parts[1].startswith("/"):
-        raise ValueError(f"bind {spec!r} is not HOST:DEST[:ro|rw] with absolute paths")
-    mode = parts[2] if len(parts) == 3 else "rw"
-    if mode not in ("ro", "rw"):
-        raise ValueError(f"bind {spec!r}: mode must be ro or rw")
-    return parts[0], parts[1], mode == "ro"
+    async def aclose(self) -> None:
+        await asyncio.gather(self.start.aclose(), self.close.aclose())
 
 
 @dataclass
@@ -223,7 +133,10 @@ class Sandbox(ABC):
         scratch: Path,
         bundle_dir: Path,
         on_close: Callable[[Sandbox], None] | None = None,
+        executors: SandboxExecutors | None = None,
     ) -> None:
+        """``executors``: the manager's (shared by its sandboxes); without them, or once they are shut down,
+        the sandbox uses executors of its own and shuts them down when it has closed."""
         self.config = config
         self.id = sandbox_id
         self.owner = owner
@@ -231,6 +144,8 @@ class Sandbox(ABC):
         self.bundle_dir = bundle_dir
         self.lease_deadline: float | None = None
         self._on_close = on_close
+        self._executors = executors
+        self._own_executors: SandboxExecutors | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._client: SandboxTools | None = None
         self._watch_task: asyncio.Task[None] | None = None
@@ -406,11 +321,11 @@ class Sandbox(ABC):
         t0 = time.perf_counter()
         try:
             if self.dedicated_identity:
-                self.identity = await asyncio.to_thread(allocate_identity)
+                self.identity = await self._blocking("start", allocate_identity)
             self.make_dirs()
             if len(str(self.socket_path)) > MAX_SOCKET_PATH:
                 raise RaasError(f"socket path {self.socket_path} is too long for AF_UNIX", kind="bad_request")
-            await asyncio.to_thread(self.prepare)
+            await self._blocking("start", self.prepare)
             spec = self.build_launch()
             await self._spawn(spec)
             self._extra_cleanup = spec.extra_cleanup
@@ -529,7 +444,7 @@ class Sandbox(ABC):
             with contextlib.suppress(Exception):
                 await self._client.close()
         # Whatever it left behind (bash sessions live in their own sessions) goes now.
-        await asyncio.to_thread(procs.kill_by_env, self.id)
+        await self._blocking("close", procs.kill_by_env, self.id)
 
     def _log_tail(self, n: int = 2000) -> str:
         try:
@@ -580,10 +495,22 @@ class Sandbox(ABC):
                 with contextlib.suppress(BaseException):
                     await task
         try:
-            await asyncio.to_thread(self._cleanup_sync)
+            await self._blocking("close", self._cleanup_sync)
         finally:
+            own, self._own_executors = self._own_executors, None
+            if own is not None:
+                await own.aclose()
             self._notify_closed()  # on the loop thread: the manager's books are not thread-safe
             self._closed_event.set()
+
+    async def _blocking(self, kind: Literal["start", "close"], fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking ``fn`` on this sandbox's ``start`` or ``close`` pool (never the loop's default one)."""
+        executors = self._executors
+        if executors is None or executors.closed:
+            if self._own_executors is None:
+                self._own_executors = SandboxExecutors(f"raas-{self.id}", 1, 1)
+            executors = self._own_executors
+        return await (executors.start if kind == "start" else executors.close).run(fn, *args)
 
     def kill_sync(self) -> None:
         """Synchronous last-resort close for atexit and signal handlers (no event loop needed)."""

@@ -1,16 +1,8 @@
-"""Host-side asyncio client of the in-sandbox tool server.
+"""Host-side asyncio client of the in-sandbox tool server: one typed method per tool op.
 
-One Unix-socket connection carries any number of concurrent requests, matched to responses by id.
-A connection that drops fails every waiting call with ``sandbox_dead``. Tool-level limits (a command's
-timeout) are enforced by the server inside the sandbox; the client adds two things so that a wedged
-sandbox can never hang the caller:
-
-* a deadline per call: the call's own timeout plus a grace period, or the client's default for calls
-  without one (``tool_timeout`` when it passes); a bash call with only a no-output timeout has no fixed
-  deadline, since its output may legitimately keep it going;
-* a liveness check: while calls are in flight the client pings the server every ``liveness_interval_s``;
-  a server that does not answer within ``liveness_timeout_s`` (stopped, frozen, or its loop blocked)
-  fails every waiting call with ``sandbox_dead`` at once, and the client refuses further calls.
+Every op is checked against its declaration (:mod:`raas.toolserver.ops`) before it is sent
+(:meth:`ToolClient.call`); the connection itself (framing, deadlines, liveness, large transfers) is
+:class:`raas.sandbox.connection.ToolConnection`.
 """
 
 from __future__ import annotations
@@ -18,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import itertools
 import os
 import tarfile
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from raas.errors import RaasError
+from raas.sandbox.connection import CHUNK_BYTES, LARGE_BYTES, Attachment, Reply, ToolConnection
 from raas.sandbox.models import (
     BashResult,
     BashSessionInfo,
@@ -33,317 +24,52 @@ from raas.sandbox.models import (
     IPythonResult,
     ServerInfo,
 )
-from raas.toolserver.protocol import (
-    ATTACHMENT_KEY,
-    DEFAULT_MAX_ATTACHMENT,
-    DEFAULT_MAX_FRAME,
-    PROTOCOL_VERSION,
-    ProtocolError,
-    attachment_size,
-    decode_body,
-    encode_message,
-    read_attachment,
-    read_frame,
-)
+from raas.toolserver import ops
 
-Reply = tuple[dict[str, Any], bytes | None]
-
-__all__ = ["ToolClient"]
+__all__ = ["LARGE_BYTES", "ToolClient", "op_args", "tar_directory"]
 
 
-class ToolClient:
-    """Talks framed JSON to one tool server; safe to share between tasks of one event loop."""
+class ToolClient(ToolConnection):
+    """The typed tool calls over one connection (see :class:`ToolConnection` for its options)."""
 
-    def __init__(
-        self,
-        socket_path: str | os.PathLike[str],
-        *,
-        connect_timeout_s: float = 10.0,
-        request_timeout_s: float | None = 600.0,
-        timeout_grace_s: float = 30.0,
-        liveness_interval_s: float = 1.0,
-        liveness_timeout_s: float = 5.0,
-        max_frame: int = DEFAULT_MAX_FRAME,
-        max_attachment: int = DEFAULT_MAX_ATTACHMENT,
-    ) -> None:
-        """``request_timeout_s`` bounds calls that carry no timeout of their own (None: no fixed deadline,
-        only the liveness check); ``liveness_interval_s`` 0 turns the liveness check off."""
-        self.socket_path = str(socket_path)
-        self.connect_timeout_s = connect_timeout_s
-        self.request_timeout_s = request_timeout_s
-        self.timeout_grace_s = timeout_grace_s
-        self.liveness_interval_s = liveness_interval_s
-        self.liveness_timeout_s = liveness_timeout_s
-        self.max_frame = max_frame
-        self.max_attachment = max_attachment
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task[None] | None = None
-        self._watchdog: asyncio.Task[None] | None = None
-        self._pending: dict[int, asyncio.Future[Reply]] = {}
-        self._calls = 0  # calls in flight that the liveness check guards (pings excluded)
-        self._ids = itertools.count(1)
-        self._connect_lock = asyncio.Lock()
-        self._write_lock = asyncio.Lock()
-        self._closed = False
-        self._dead: RaasError | None = None
-
-    # -- connection ------------------------------------------------------------------------------
-
-    @classmethod
-    async def open(cls, socket_path: str | os.PathLike[str], **kwargs: Any) -> ToolClient:
-        client = cls(socket_path, **kwargs)
-        await client.connect()
-        return client
-
-    @property
-    def connected(self) -> bool:
-        return self._writer is not None and not self._writer.is_closing()
-
-    def socket_fileno(self) -> int | None:
-        """The connection's file descriptor (for a non-blocking hang-up check), or None when not connected."""
-        writer = self._writer
-        if writer is None or writer.is_closing():
-            return None
-        sock = writer.get_extra_info("socket")
-        return None if sock is None else int(sock.fileno())
-
-    async def connect(self) -> None:
-        """Open the connection (again, if it dropped); a server that is not there is ``sandbox_dead``."""
-        if self._closed:
-            raise RaasError("tool client is closed", kind="sandbox_dead")
-        if self._dead is not None:
-            raise RaasError(self._dead.message, kind=self._dead.kind)
-        async with self._connect_lock:
-            if self.connected:
-                return
-            try:
-                async with asyncio.timeout(self.connect_timeout_s):
-                    reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=2**16)
-            except TimeoutError:
-                raise RaasError(
-                    f"connecting to the tool server at {self.socket_path} timed out", kind="sandbox_dead"
-                ) from None
-            except OSError as exc:
-                raise RaasError(
-                    f"cannot reach the tool server at {self.socket_path}: {exc.strerror or exc}",
-                    kind="sandbox_dead",
-                ) from None
-            self._reader, self._writer = reader, writer
-            self._reader_task = asyncio.create_task(self._read_loop(reader))
-
-    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
-        error = RaasError("the tool server closed the connection", kind="sandbox_dead")
-        try:
-            while True:
-                try:
-                    body = await read_frame(reader, self.max_frame + 1024)
-                except ProtocolError as exc:
-                    error = RaasError(f"bad frame from the tool server: {exc.message}", kind="sandbox_dead")
-                    break
-                if body is None:
-                    break
-                try:
-                    msg = decode_body(body)
-                    n = attachment_size(msg, self.max_attachment)
-                    attachment = await read_attachment(reader, n) if ATTACHMENT_KEY in msg else None
-                except ProtocolError as exc:
-                    error = RaasError(f"bad frame from the tool server: {exc.message}", kind="sandbox_dead")
-                    break
-                req_id = msg.get("id")
-                if not isinstance(req_id, int | None):
-                    continue  # not an answer to anything we sent
-                if req_id is None:
-                    # A connection-level refusal (e.g. an oversize frame): the server hangs up next.
-                    err = msg.get("error") or {}
-                    error = RaasError(
-                        str(err.get("message", "connection refused by the tool server")),
-                        kind=str(err.get("kind", "sandbox_dead")),
-                    )
-                    continue
-                fut = self._pending.pop(req_id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result((msg, attachment))
-        except (ConnectionError, OSError) as exc:
-            error = RaasError(f"the connection to the tool server broke: {exc}", kind="sandbox_dead")
-        finally:
-            self._drop_connection(error)
-
-    def _drop_connection(self, error: RaasError) -> None:
-        writer, self._writer, self._reader = self._writer, None, None
-        if writer is not None:
-            writer.close()
-        pending, self._pending = self._pending, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(RaasError(error.message, kind=error.kind))
-
-    async def close(self) -> None:
-        """Close the connection; waiting calls fail with ``sandbox_dead``. Idempotent."""
-        self._closed = True
-        watchdog, self._watchdog = self._watchdog, None
-        if watchdog is not None and watchdog is not asyncio.current_task():
-            watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await watchdog
-        task, self._reader_task = self._reader_task, None
-        writer = self._writer
-        self._drop_connection(RaasError("tool client closed", kind="sandbox_dead"))
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        if writer is not None:
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    async def __aenter__(self) -> ToolClient:
-        await self.connect()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
-    # -- requests ----------------------------------------------------------------------------
-
-    async def request(
+    async def call(
         self,
         tool: str,
         op: str,
         args: dict[str, Any] | None = None,
         *,
         wait_s: float | None = None,
-        attachment: bytes | None = None,
-        deadline: bool = True,
-    ) -> dict[str, Any]:
-        """Send one request and return its ``result``; errors become :class:`RaasError` with the server's kind.
-
-        ``wait_s`` bounds the wait for the answer (default: ``request_timeout_s``); with ``deadline``
-        False there is none and only the liveness check applies.
-        """
-        result, _ = await self.request_with_attachment(
-            tool, op, args, wait_s=wait_s, attachment=attachment, deadline=deadline
-        )
-        return result
-
-    async def request_with_attachment(
-        self,
-        tool: str,
-        op: str,
-        args: dict[str, Any] | None = None,
-        *,
-        wait_s: float | None = None,
-        attachment: bytes | None = None,
-        deadline: bool = True,
+        attachment: Attachment | None = None,
+        deadline: bool | None = None,
     ) -> Reply:
-        """Like :meth:`request`, also sending ``attachment`` and returning the reply's attachment."""
-        if self._dead is not None:
-            raise RaasError(self._dead.message, kind=self._dead.kind)
-        if not self.connected:
-            await self.connect()
-        req_id = next(self._ids)
-        parts = encode_message(
-            {"v": PROTOCOL_VERSION, "id": req_id, "tool": tool, "op": op, "args": args or {}}, attachment
+        """One op with its arguments checked against the op declarations (:mod:`raas.toolserver.ops`):
+        ``None`` values are dropped; an unknown op or argument, a wrong type or an out-of-range number is a
+        ``bad_request`` raised here, with the message the server would answer (so is an attachment sent to
+        an op that takes none).
+
+        The wait defaults to the call's ``timeout`` plus ``timeout_grace_s`` (``request_timeout_s`` without
+        one). A call with only a ``no_output_timeout`` may run as long as it keeps printing: it has no fixed
+        deadline unless ``deadline`` says otherwise; the liveness check guards against a wedged server."""
+        checked = op_args(tool, op, args or {})
+        if attachment is not None and not ops.OPS[(tool, op)].takes_attachment:
+            raise RaasError(f"{tool}.{op} takes no attachment", kind="bad_request")
+        timeout = checked.get("timeout")
+        if wait_s is None:
+            wait_s = self._wait_for(timeout)
+        if deadline is None:
+            deadline = not (timeout is None and checked.get("no_output_timeout") is not None)
+        return await self.request_with_attachment(
+            tool, op, checked, wait_s=wait_s, attachment=attachment, deadline=deadline
         )
-        if len(parts[0]) - 4 > self.max_frame:
-            raise RaasError(
-                f"request of {len(parts[0]) - 4} bytes exceeds the frame limit of {self.max_frame} bytes",
-                kind="payload_too_large",
-            )
-        if attachment is not None and len(attachment) > self.max_attachment:
-            raise RaasError(
-                f"{len(attachment)} bytes exceed the attachment limit of {self.max_attachment} bytes",
-                kind="payload_too_large",
-            )
-        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self._pending[req_id] = fut
-        guarded = not (tool == "server" and op == "ping")
-        if guarded:
-            self._calls += 1
-            self._ensure_watchdog()
-        writer = self._writer
-        try:
-            if writer is None:
-                raise RaasError("the tool server connection is gone", kind="sandbox_dead")
-            try:
-                writer.writelines(parts)
-                async with self._write_lock:
-                    await writer.drain()
-            except (ConnectionError, OSError) as exc:
-                raise RaasError(f"sending to the tool server failed: {exc}", kind="sandbox_dead") from None
-            limit = (self.request_timeout_s if wait_s is None else wait_s) if deadline else None
-            try:
-                async with asyncio.timeout(limit):
-                    msg, reply_attachment = await fut
-            except TimeoutError:
-                raise RaasError(
-                    f"{tool}.{op} got no answer from the tool server within {limit:g}s", kind="tool_timeout"
-                ) from None
-        finally:
-            self._pending.pop(req_id, None)
-            if guarded:
-                self._calls -= 1
-        if msg.get("ok"):
-            result = msg.get("result")
-            return (result if isinstance(result, dict) else {}), reply_attachment
-        err = msg.get("error") or {}
-        raise RaasError(str(err.get("message", "tool server error")), kind=str(err.get("kind", "internal")))
-
-    # -- liveness ----------------------------------------------------------------------------------
-
-    def _ensure_watchdog(self) -> None:
-        if self.liveness_interval_s <= 0 or (self._watchdog is not None and not self._watchdog.done()):
-            return
-        self._watchdog = asyncio.create_task(self._watch_liveness(), name=f"raas-liveness-{self.socket_path}")
-
-    async def _watch_liveness(self) -> None:
-        """Ping while calls are in flight; a server that stops answering fails them all, fast."""
-        while self._calls > 0 and self.connected:
-            await asyncio.sleep(self.liveness_interval_s)
-            if self._calls <= 0 or not self.connected:
-                return
-            try:
-                await self.request("server", "ping", wait_s=self.liveness_timeout_s)
-            except RaasError as exc:
-                if exc.kind != "tool_timeout":
-                    return  # the connection broke: the read loop already failed every call
-                self._declare_dead(
-                    RaasError(
-                        f"the tool server stopped answering: no reply to a liveness ping within "
-                        f"{self.liveness_timeout_s:g}s (stopped, frozen or overloaded)",
-                        kind="sandbox_dead",
-                    )
-                )
-                return
-
-    def _declare_dead(self, error: RaasError) -> None:
-        self._dead = error
-        task, self._reader_task = self._reader_task, None
-        if task is not None:
-            task.cancel()
-        self._drop_connection(error)
-
-    def _wait_for(self, timeout: float | None) -> float | None:
-        if timeout is None:
-            return self.request_timeout_s
-        return timeout + self.timeout_grace_s
-
-    @property
-    def dead(self) -> RaasError | None:
-        """Why the client gave up on the server (a failed liveness check), or None."""
-        return self._dead
-
-    # -- tools ---------------------------------------------------------------------------------
 
     async def ping(self) -> ServerInfo:
-        return ServerInfo.model_validate(await self.request("server", "ping", wait_s=self.connect_timeout_s))
+        result, _ = await self.call("server", "ping", wait_s=self.connect_timeout_s)
+        return ServerInfo.model_validate(result)
 
     async def shutdown(self) -> None:
         """Ask the server to stop (it kills everything it started and removes its socket)."""
         with contextlib.suppress(RaasError):
-            await self.request("server", "shutdown", wait_s=self.connect_timeout_s)
+            await self.call("server", "shutdown", wait_s=self.connect_timeout_s)
 
     async def bash(
         self,
@@ -354,21 +80,15 @@ class ToolClient:
         no_output_timeout: float | None = None,
         output_cap: int | None = None,
     ) -> BashResult:
-        args: dict[str, Any] = {"command": command, "session": session}
-        if timeout is not None:
-            args["timeout"] = timeout
-        if no_output_timeout is not None:
-            args["no_output_timeout"] = no_output_timeout
-        if output_cap is not None:
-            args["output_cap"] = output_cap
-        # With only a no-output timeout the command may run as long as it keeps printing: no fixed
-        # deadline, the liveness check guards against a wedged server.
-        only_no_output = timeout is None and no_output_timeout is not None
-        return BashResult.model_validate(
-            await self.request(
-                "bash", "run", args, wait_s=self._wait_for(timeout), deadline=not only_no_output
-            )
-        )
+        args: dict[str, Any] = {
+            "command": command,
+            "session": session,
+            "timeout": timeout,
+            "no_output_timeout": no_output_timeout,
+            "output_cap": output_cap,
+        }
+        result, _ = await self.call("bash", "run", args)
+        return BashResult.model_validate(result)
 
     async def bash_send(
         self,
@@ -386,29 +106,23 @@ class ToolClient:
         for more output, ``"C-c"``/``"C-d"``/``"C-z"`` send those keys; ``interrupt=True`` stops the
         command as a timeout would (SIGINT, then SIGKILL). The result has the output since the last call.
         """
-        args: dict[str, Any] = {"session": session, "input": text}
-        if interrupt:
-            args["interrupt"] = True
-        if timeout is not None:
-            args["timeout"] = timeout
-        if no_output_timeout is not None:
-            args["no_output_timeout"] = no_output_timeout
-        if output_cap is not None:
-            args["output_cap"] = output_cap
-        # As for bash(): with only a no-output timeout there is no fixed deadline, the liveness check guards.
-        only_no_output = timeout is None and no_output_timeout is not None
-        return BashResult.model_validate(
-            await self.request(
-                "bash", "send", args, wait_s=self._wait_for(timeout), deadline=not only_no_output
-            )
-        )
+        args: dict[str, Any] = {
+            "session": session,
+            "input": text,
+            "interrupt": interrupt or None,
+            "timeout": timeout,
+            "no_output_timeout": no_output_timeout,
+            "output_cap": output_cap,
+        }
+        result, _ = await self.call("bash", "send", args)
+        return BashResult.model_validate(result)
 
     async def bash_close(self, session: str) -> bool:
-        result = await self.request("bash", "close", {"session": session}, wait_s=self._wait_for(0))
+        result, _ = await self.call("bash", "close", {"session": session}, wait_s=self._wait_for(0))
         return bool(result.get("closed"))
 
     async def bash_list(self) -> list[BashSessionInfo]:
-        result = await self.request("bash", "list", wait_s=self._wait_for(0))
+        result, _ = await self.call("bash", "list", wait_s=self._wait_for(0))
         return [BashSessionInfo.model_validate(s) for s in result.get("sessions", [])]
 
     async def ipython(
@@ -418,56 +132,76 @@ class ToolClient:
         timeout: float | None = None,  # noqa: ASYNC109 - enforced by the server inside the sandbox
         output_cap: int | None = None,
     ) -> IPythonResult:
-        args: dict[str, Any] = {"code": code}
-        if timeout is not None:
-            args["timeout"] = timeout
-        if output_cap is not None:
-            args["output_cap"] = output_cap
-        return IPythonResult.model_validate(
-            await self.request("ipython", "run", args, wait_s=self._wait_for(timeout))
-        )
+        args: dict[str, Any] = {"code": code, "timeout": timeout, "output_cap": output_cap}
+        result, _ = await self.call("ipython", "run", args)
+        return IPythonResult.model_validate(result)
 
     async def ipython_restart(self) -> None:
-        await self.request("ipython", "restart", wait_s=self._wait_for(0))
+        await self.call("ipython", "restart", wait_s=self._wait_for(0))
 
     async def editor(self, command: str, path: str, **kwargs: Any) -> EditorResult:
-        """``str_replace_editor``: ``view``/``create``/``str_replace``/``insert``/``undo_edit``.
+        """``str_replace_editor``: ``view``/``create``/``str_replace``/``insert``/``undo_edit``; ``kwargs``
+        are the other ``editor.run`` arguments (``file_text``, ``old_str``, ``new_str``, ``insert_line``,
+        ``view_range``).
 
         User mistakes (missing file, ambiguous ``old_str``...) raise :class:`RaasError` kind ``tool_error``.
         """
-        args = {"command": command, "path": path, **{k: v for k, v in kwargs.items() if v is not None}}
-        return EditorResult.model_validate(
-            await self.request("editor", "run", args, wait_s=self._wait_for(0))
+        result, _ = await self.call(
+            "editor", "run", {"command": command, "path": path, **kwargs}, wait_s=self._wait_for(0)
         )
+        return EditorResult.model_validate(result)
+
+    async def gateway_forward(self, socket: str, *, port: int | None = None) -> dict[str, Any]:
+        """A 127.0.0.1 TCP port in the sandbox leading to the Unix socket ``socket`` (started once per
+        socket): ``{host, port, socket, connections, refused}``."""
+        result, _ = await self.call("gateway", "forward", {"socket": socket, "port": port})
+        return result
 
     async def upload_bytes(self, tar_bytes: bytes, dest: str, *, mode: int | None = None) -> int:
         """Extract a tar stream into directory ``dest`` in the sandbox; returns the number of files."""
-        args: dict[str, Any] = {"path": dest}
-        if mode is not None:
-            args["mode"] = mode
-        result = await self.request("files", "upload", args, attachment=tar_bytes)
+        args = {"path": dest, "mode": mode}
+        result, _ = await self.call("files", "upload", args, attachment=tar_bytes)
         return int(result.get("files", 0))
 
     async def upload_dir(self, host_dir: str | os.PathLike[str], dest: str) -> int:
         """Copy the contents of ``host_dir`` into ``dest`` in the sandbox."""
-        data = await asyncio.to_thread(tar_directory, Path(host_dir))
+        data = await self._off_loop(tar_directory, Path(host_dir))
         return await self.upload_bytes(data, dest)
 
     async def download(self, path: str) -> bytes:
         """Tar stream of a file (one member) or of a directory's contents (names relative to it)."""
-        _, data = await self.request_with_attachment("files", "download", {"path": path})
+        _, data = await self.call("files", "download", {"path": path})
         return data or b""
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
-        raw = data.encode("utf-8") if isinstance(data, str) else data
-        args: dict[str, Any] = {"path": path}
-        if mode is not None:
-            args["mode"] = mode
-        await self.request("files", "write", args, attachment=raw)
+        raw: Attachment = data if not isinstance(data, str) else await _encode_in_pieces(data)
+        args = {"path": path, "mode": mode}
+        await self.call("files", "write", args, attachment=raw)
 
     async def read_file(self, path: str) -> bytes:
-        _, data = await self.request_with_attachment("files", "read", {"path": path})
+        _, data = await self.call("files", "read", {"path": path})
         return data or b""
+
+
+async def _encode_in_pieces(text: str) -> Attachment:
+    """UTF-8 of ``text``; a large one as pieces encoded one at a time, yielding to the loop in between
+    (code points encode independently, so the pieces together are the encoding of the whole)."""
+    if len(text) < LARGE_BYTES:
+        return text.encode("utf-8")
+    pieces = []
+    for start in range(0, len(text), CHUNK_BYTES):
+        pieces.append(text[start : start + CHUNK_BYTES].encode("utf-8"))
+        await asyncio.sleep(0)
+    return pieces
+
+
+def op_args(tool: str, op: str, args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` checked against the declaration of ``tool.op`` (``None`` values dropped); a mismatch is a
+    ``bad_request`` with the server's own message."""
+    try:
+        return ops.validate_args(tool, op, args)
+    except ops.ArgumentError as exc:
+        raise RaasError(str(exc), kind="bad_request") from None
 
 
 def tar_directory(root: Path) -> bytes:

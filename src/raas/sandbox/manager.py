@@ -42,7 +42,14 @@ from typing import Any
 
 from raas.errors import RaasError
 from raas.sandbox import procs
-from raas.sandbox.base import MAX_SOCKET_PATH, Sandbox, SandboxConfig, backend_class, remove_tree
+from raas.sandbox.base import (
+    MAX_SOCKET_PATH,
+    Sandbox,
+    SandboxConfig,
+    SandboxExecutors,
+    backend_class,
+    remove_tree,
+)
 from raas.sandbox.identity import make_private_dir, traversable_by_others
 from raas.sandbox.pool import WarmPools
 
@@ -142,6 +149,7 @@ class SandboxManager:
         self._expiring: set[asyncio.Task[None]] = set()
         self.pools = WarmPools(self)
         """Warm pools of pre-started sandboxes (none until :meth:`WarmPools.configure` asks for some)."""
+        self.executors = SandboxExecutors()  # shut down (and replaced) by close_all once no sandbox is left
         _MANAGERS.add(self)
         _install_atexit()
 
@@ -197,7 +205,7 @@ class SandboxManager:
         """The tool-server bundle, bound read-only into every sandbox. Its digest is checked every time
         it is handed out; a bundle that changed on disk is thrown away and a fresh one built."""
         async with self._bundle_lock:
-            return await asyncio.to_thread(_checked_bundle, self.bundles_dir)
+            return await self.executors.start.run(_checked_bundle, self.bundles_dir)
 
     # ---- starting ------------------------------------------------------------------------------------
     async def start(self, config: SandboxConfig, *, owner: str, lease_s: float | None = None) -> Sandbox:
@@ -230,6 +238,7 @@ class SandboxManager:
             scratch=self.scratch_root / sid,
             bundle_dir=bundle,
             on_close=self._forget,
+            executors=self.executors,
         )
         lease = (lease_s if lease_s is not None else self.default_lease_s) if leased else None
         if lease is not None:
@@ -298,6 +307,10 @@ class SandboxManager:
         doomed = list(self._live.values())
         await asyncio.shield(asyncio.gather(*(s.close() for s in doomed), return_exceptions=True))
         self._release_scratch_root()
+        if not self._live:
+            # Fresh executors start no thread until used: the manager stays usable after close_all.
+            executors, self.executors = self.executors, SandboxExecutors()
+            await executors.aclose()
 
     def close_all_sync(self) -> None:
         """No event loop needed: for atexit and signal handlers."""
@@ -305,6 +318,7 @@ class SandboxManager:
             with contextlib.suppress(Exception):
                 sb.kill_sync()
         self._release_scratch_root()
+        self.executors.shutdown()
 
     def _release_scratch_root(self) -> None:
         """A scratch root outside the state dir (the short /var/tmp one) goes once no sandbox is left."""
@@ -327,7 +341,7 @@ class SandboxManager:
     # ---- reaping -------------------------------------------------------------------------------------
     async def reap_stale(self) -> builtins.list[str]:
         """Reap sandboxes that a dead previous run of this state dir left behind; returns their ids."""
-        return await asyncio.to_thread(self._reap_stale_sync)
+        return await self.executors.start.run(self._reap_stale_sync)
 
     def _record_is_live_elsewhere(self, rec: dict[str, Any]) -> bool:
         mgr = rec.get("manager") or {}

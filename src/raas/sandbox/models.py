@@ -1,4 +1,6 @@
-"""Typed results of tool calls, as the host-side :class:`raas.sandbox.client.ToolClient` returns them."""
+"""Typed results of tool calls, as the host-side :class:`raas.sandbox.client.ToolClient` returns them.
+
+Their fields mirror the result fields declared per op in :mod:`raas.toolserver.ops`."""
 
 from __future__ import annotations
 
@@ -64,3 +66,14 @@ class ServerInfo(_Result):
     python: str
     sandbox_id: str | None = None
     tools: dict[str, bool]
+
+
+RESULT_MODELS: dict[tuple[str, str], type[_Result]] = {
+    ("server", "ping"): ServerInfo,
+    ("bash", "run"): BashResult,
+    ("bash", "send"): BashResult,
+    ("ipython", "run"): IPythonResult,
+    ("editor", "run"): EditorResult,
+}
+"""The typed result of each op that has one. The fields are those the op declares in
+:mod:`raas.toolserver.ops` (a test holds the two together); other ops' results are read by name."""

@@ -2,7 +2,8 @@
 
 What bash is told and how its answers are parsed lives in :mod:`.bashproto` (pure functions); terminal
 modes and input-wait detection in :mod:`.ptyctl`. This module owns the processes and descriptors, reads
-the pty through the event loop (never by sleeping or polling), and turns deadlines into results:
+the pty through the event loop (never by sleeping or polling; the waits are in :mod:`.loopwait`), and
+turns deadlines into results:
 
 * a command finishes when its report comes through the terminal (exit status, cwd);
 * ``timeout`` (default: the server's ``--bash-timeout``) interrupts it: SIGINT to the foreground job,
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import functools
 import os
 import shutil
 import signal
@@ -24,6 +24,7 @@ import termios
 from typing import Any, Callable, Dict, List, Optional
 
 from . import bashproto, ptyctl
+from .loopwait import until, write_until
 from .output import OutputBuffer
 from .procs import Reaper, kill_tree
 from .protocol import BAD_REQUEST, TOOL_ERROR, TOOL_UNAVAILABLE, ProtocolError
@@ -379,28 +380,8 @@ class BashSession:
             self._drain_pty()
             if not done.done():
                 self._dirty = True
-                await self._write_input(data, done, limits.deadline(loop.time()))
+                await write_until(self.fd, data, done, limits.deadline(loop.time()))
         return await self._follow(done, limits, cap, restart, interrupt=mode)
-
-    async def _write_input(self, data: bytes, done: asyncio.Future, deadline: float) -> None:
-        loop = asyncio.get_running_loop()
-        while data and not done.done():
-            try:
-                n = os.write(self.fd, data)
-                data = data[n:]
-                continue
-            except BlockingIOError:
-                pass
-            except OSError:
-                return
-            writable = loop.create_future()
-            loop.add_writer(self.fd, _resolve, writable)
-            try:
-                await asyncio.wait({writable, done}, timeout=max(0.0, deadline - loop.time()))
-            finally:
-                loop.remove_writer(self.fd)
-            if loop.time() >= deadline:
-                return
 
     async def _follow(
         self,
@@ -519,7 +500,7 @@ class BashSession:
                     return "no_output"
                 check = now + silence
                 continue
-            await _until(done, min(hard, check))
+            await until(done, min(hard, check))
         return "done"
 
     async def _interrupt(self, done: asyncio.Future, escalate: bool = True) -> bool:
@@ -587,28 +568,6 @@ class BashSession:
             os.write(self.fd, bashproto.probe_line(self._seq, self._nonce, self._paths))
         except OSError:
             pass
-
-
-def _resolve(fut: asyncio.Future, *_: Any) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-async def _until(done: asyncio.Future, when: float) -> None:
-    """Wait for ``done`` or the loop time ``when``, whichever comes first (one timer, no wrapper tasks)."""
-    if done.done():
-        return
-    loop = asyncio.get_running_loop()
-    wake = loop.create_future()
-    timer = loop.call_at(when, _resolve, wake) if when != float("inf") else None
-    callback = functools.partial(_resolve, wake)
-    done.add_done_callback(callback)
-    try:
-        await wake
-    finally:
-        done.remove_done_callback(callback)
-        if timer is not None:
-            timer.cancel()
 
 
 def find_bash() -> Optional[str]:

@@ -11,13 +11,14 @@ import stat
 import threading
 from typing import Any, Dict, List, Optional
 
+from .ops import EDITOR_COMMANDS
 from .output import cap_text
 from .protocol import BAD_REQUEST, TOOL_ERROR, ProtocolError
 
 SNIPPET_LINES = 4
 MAX_HISTORY = 16
 MAX_FILE_BYTES = 16 * 1024 * 1024
-COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
+COMMANDS = EDITOR_COMMANDS
 
 
 def _err(message: str) -> ProtocolError:

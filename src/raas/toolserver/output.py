@@ -13,7 +13,7 @@ is linear in the input.
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Tuple
+from typing import List, Optional, Pattern, Tuple
 
 from .protocol import truncation_marker
 
@@ -29,6 +29,12 @@ _STRING_BODY = re.compile("[^\x00-\x1f\x7f-\x9f]{0,%d}" % MAX_STRING)
 _STRING_INTROS = frozenset("]P^_X\x90\x98\x9d\x9e\x9f")
 _CR_NL = re.compile(r"\r+\n")
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _body_end(pattern: Pattern[str], text: str, pos: int) -> int:
+    """Where ``pattern``'s run starting at ``pos`` ends (each body pattern also matches the empty run)."""
+    m = pattern.match(text, pos)
+    return pos if m is None else m.end()
 
 
 def strip_escapes(text: str, work: Optional[List[int]] = None) -> str:
@@ -59,8 +65,7 @@ def strip_escapes(text: str, work: Optional[List[int]] = None) -> str:
             body = start + 2
             if c != "[" and c not in _STRING_INTROS:
                 # nF / Fp / Fe / Fs escapes: intermediates, then one final byte.
-                b = _ESC_BODY.match(text, start + 1)
-                end = b.end()
+                end = _body_end(_ESC_BODY, text, start + 1)
                 examined += end - start
                 if end < n and "0" <= text[end] <= "~":
                     pos = end + 1
@@ -71,13 +76,11 @@ def strip_escapes(text: str, work: Optional[List[int]] = None) -> str:
             body = start + 1
             c = "[" if c == "\x9b" else c
         if c == "[":
-            b = _CSI_BODY.match(text, body)
-            end = b.end()
+            end = _body_end(_CSI_BODY, text, body)
             examined += end - body + 1
             pos = end + 1 if end < n and "@" <= text[end] <= "~" else body
             continue
-        b = _STRING_BODY.match(text, body)
-        end = b.end()
+        end = _body_end(_STRING_BODY, text, body)
         examined += end - body + 1
         if end < n and text[end] in "\x07\x9c":
             pos = end + 1

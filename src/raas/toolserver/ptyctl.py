@@ -149,7 +149,7 @@ def _read(path: str) -> Optional[str]:
 
 def _group_members(pgrp: int, sid: int) -> List[int]:
     """Live members of process group ``pgrp`` in terminal session ``sid``."""
-    found = []
+    found = []  # type: List[int]
     try:
         names = os.listdir("/proc")
     except OSError:

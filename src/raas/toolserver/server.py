@@ -18,7 +18,7 @@ import sys
 import tempfile
 from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
 
-from . import procs
+from . import ops, procs
 from .bash import DEFAULT_INPUT_WAIT_S, DEFAULT_TIMEOUT_S, find_bash
 from .bashtool import BashTool
 from .protocol import (
@@ -42,101 +42,13 @@ from .protocol import (
     read_frame,
 )
 
-# Argument specs: name -> (type tag, required). Type tags: str, num (>= 0), int (>= 0), bool, list, any.
-ArgSpec = Dict[str, Tuple[str, bool]]
-_SPECS: Dict[Tuple[str, str], ArgSpec] = {
-    ("server", "ping"): {},
-    ("server", "shutdown"): {},
-    ("bash", "run"): {
-        "command": ("str", True),
-        "session": ("str", False),
-        "timeout": ("num", False),
-        "no_output_timeout": ("num", False),
-        "output_cap": ("int", False),
-    },
-    ("bash", "send"): {
-        "session": ("str", False),
-        "input": ("str", False),
-        "interrupt": ("bool", False),
-        "timeout": ("num", False),
-        "no_output_timeout": ("num", False),
-        "output_cap": ("int", False),
-    },
-    ("bash", "close"): {"session": ("str", True)},
-    ("bash", "list"): {},
-    ("ipython", "run"): {"code": ("str", True), "timeout": ("num", False), "output_cap": ("int", False)},
-    ("ipython", "restart"): {},
-    ("editor", "run"): {
-        "command": ("str", True),
-        "path": ("str", True),
-        "file_text": ("str", False),
-        "old_str": ("str", False),
-        "new_str": ("str", False),
-        "insert_line": ("int", False),
-        "view_range": ("list", False),
-    },
-    # File contents travel as the message's attachment (raw bytes), not in args.
-    ("files", "upload"): {"path": ("str", True), "mode": ("int", False)},
-    ("files", "download"): {"path": ("str", True)},
-    ("files", "write"): {"path": ("str", True), "mode": ("int", False)},
-    ("files", "read"): {"path": ("str", True)},
-    # The agent gateway: a loopback TCP port in the sandbox that leads to a Unix socket (see forward.py).
-    ("gateway", "forward"): {"socket": ("str", True), "port": ("int", False)},
-}
-
-
-# Larger values (and NaN/Infinity, which Python's JSON parser accepts) are refused.
-_MAX_NUMBER = 2**53
-
 
 def validate_args(tool: str, op: str, args: Any) -> Dict[str, Any]:
-    """Check a request's tool, op and argument names/types against the spec table."""
-    spec = _SPECS.get((tool, op))
-    if spec is None:
-        known = sorted({t for t, _ in _SPECS})
-        if tool not in known:
-            raise ProtocolError(BAD_REQUEST, "unknown tool %r (known: %s)" % (tool, ", ".join(known)))
-        ops = sorted(o for t, o in _SPECS if t == tool)
-        raise ProtocolError(BAD_REQUEST, "unknown op %r for tool %r (known: %s)" % (op, tool, ", ".join(ops)))
-    if args is None:
-        args = {}
-    if not isinstance(args, dict):
-        raise ProtocolError(BAD_REQUEST, "args must be an object")
-    unknown = sorted(set(args) - set(spec))
-    if unknown:
-        raise ProtocolError(BAD_REQUEST, "unknown argument(s) for %s.%s: %s" % (tool, op, ", ".join(unknown)))
-    out: Dict[str, Any] = {}
-    for name, (tag, required) in spec.items():
-        value = args.get(name)
-        if value is None:
-            if required:
-                raise ProtocolError(BAD_REQUEST, "%s.%s needs argument %r" % (tool, op, name))
-            continue
-        _check_type(tool, op, name, tag, value)
-        out[name] = value
-    return out
-
-
-def _check_type(tool: str, op: str, name: str, tag: str, value: Any) -> None:
-    ok = True
-    if tag == "str":
-        ok = isinstance(value, str)
-    elif tag in ("num", "int"):
-        numeric = (int,) if tag == "int" else (int, float)
-        ok = isinstance(value, numeric) and not isinstance(value, bool) and 0 <= value <= _MAX_NUMBER
-    elif tag == "list":
-        ok = isinstance(value, list)
-    elif tag == "bool":
-        ok = isinstance(value, bool)
-    if not ok:
-        want = {
-            "str": "a string",
-            "num": "a number in [0, 2**53]",
-            "int": "an integer in [0, 2**53]",
-            "list": "a list",
-            "bool": "true or false",
-        }[tag]
-        raise ProtocolError(BAD_REQUEST, "%s.%s argument %r must be %s" % (tool, op, name, want))
+    """Check a request's tool, op and arguments against the op declarations (:mod:`.ops`)."""
+    try:
+        return ops.validate_args(tool, op, args)
+    except ops.ArgumentError as exc:
+        raise ProtocolError(BAD_REQUEST, str(exc)) from None
 
 
 class ToolServer:
@@ -322,13 +234,13 @@ class ToolServer:
             if not isinstance(tool, str) or not isinstance(op, str):
                 raise ProtocolError(BAD_REQUEST, "request needs string fields 'tool' and 'op'")
             args = validate_args(tool, op, req.get("args"))
+            if attachment is not None and not ops.OPS[(tool, op)].takes_attachment:
+                raise ProtocolError(BAD_REQUEST, "%s.%s takes no attachment" % (tool, op))
             if tool == "files":
                 from . import files
 
                 result, out = await _in_thread(getattr(files, op), args, attachment, self.max_attachment)
             else:
-                if attachment is not None:
-                    raise ProtocolError(BAD_REQUEST, "%s.%s takes no attachment" % (tool, op))
                 result = await self._dispatch(tool, op, args)
             response = ok_response(req_id, result)
         except ProtocolError as exc:

@@ -31,10 +31,11 @@ from typing import Any, Literal
 
 from raas.errors import RaasError
 from raas.trainer.client import RaasClient
+from raas.trainer.failover import ServiceFailover
 from raas.trainer.llm_control import LLMControl
 from raas.trainer.placement import host_of
 from raas.trainer.records import ClientStats, FailurePolicy, JobRecord, ServiceState
-from raas.trainer.types import ErrorInfo, Group, JobResult, is_valid
+from raas.trainer.types import Group, JobResult, is_valid
 
 __all__ = ["ClientStats", "FailurePolicy", "RolloutClient"]
 
@@ -45,7 +46,7 @@ _RETRYABLE = frozenset({"unavailable", "timeout", "overloaded", "internal"})
 """Submit errors that mean "this service cannot take it now", not "this job is wrong"."""
 
 
-class RolloutClient(LLMControl):
+class RolloutClient(ServiceFailover, LLMControl):
     """``async with RolloutClient([url_a, url_b]) as c: await c.submit_group(inst, 8); g = await c.next_group()``.
 
     Job ids are ``<group_id>.<trajectory index>.<attempt>`` and default group ids ``<run_id>-g<n>``; the
@@ -489,108 +490,6 @@ class RolloutClient(LLMControl):
             await service.client.cancel(job.job_id)
         if not job.done and service.healthy:
             await self._fetch(service, job)
-
-    # -- service health ----------------------------------------------------------------------------------
-
-    async def _health_loop(self) -> None:
-        while not self._closed:
-            await asyncio.sleep(self.health_interval_s)
-            await asyncio.gather(*(self._probe(s) for s in self._services), return_exceptions=True)
-            self._retry_homeless()
-
-    async def _probe(self, service: ServiceState) -> None:
-        try:
-            await service.client.health()
-        except RaasError:
-            service.healthy = False  # no new jobs; a moment of silence may only be a restart
-            if time.monotonic() - service.last_ok > self.dead_after_s:
-                self._mark_dead(service)
-            return
-        service.last_ok = time.monotonic()
-        service.dead = False
-        if not service.healthy:
-            await self._mark_up(service)
-
-    def _mark_dead(self, service: ServiceState) -> None:
-        """Silent for ``dead_after_s``: every job it still holds runs elsewhere."""
-        if not service.dead:
-            log.warning("raas service %s stopped answering; its jobs move elsewhere", service.url)
-            service.dead = True
-            self.stats.services_down += 1
-        if service.outstanding:
-            self._spawn(self._move(list(service.outstanding.values()), service))
-
-    async def _mark_up(self, service: ServiceState) -> None:
-        log.info("raas service %s answers again", service.url)
-        if self.weight_version is not None:
-            with contextlib.suppress(RaasError):
-                await self._set_version_on(service, self.weight_version)
-        service.healthy = True
-        abandoned, service.abandoned = service.abandoned, set()
-        for job_id in abandoned:  # work it may have restarted for jobs that now run elsewhere
-            self._spawn(self._quiet_cancel(service, job_id))
-        if self.consume == "sse" and (service.watcher is None or service.watcher.done()):
-            service.watcher = asyncio.create_task(self._watch(service), name=f"raas-watch-{service.url}")
-        self._retry_homeless()
-
-    async def _quiet_cancel(self, service: ServiceState, job_id: str) -> None:
-        with contextlib.suppress(RaasError):
-            await service.client.cancel(job_id)
-
-    async def _move(self, jobs: list[JobRecord], source: ServiceState) -> None:
-        """Resubmit ``jobs`` (same ids) on other services; samples that moved too often are dropped."""
-        again: list[JobRecord] = []
-        for job in jobs:
-            if job.done or job.service is not source:
-                continue
-            source.outstanding.pop(job.job_id, None)
-            source.abandoned.add(job.job_id)
-            job.service = None
-            if job.group.cancelled:
-                self._forget_job(job)
-                continue
-            if job.moves >= self.policy.max_moves:
-                self._fail_locally(job, f"moved {job.moves} times; no raas service finished it")
-                continue
-            job.acked = False
-            job.moves += 1
-            self.stats.moved += 1
-            again.append(job)
-        if again:
-            await self._send(again)
-
-    def _retry_homeless(self) -> None:
-        if not self._homeless or not any(s.healthy for s in self._services):
-            now = time.monotonic()
-            for job in [
-                j for j in self._homeless if now - (j.homeless_since or now) > self.policy.give_up_after_s
-            ]:
-                self._homeless.remove(job)
-                self._fail_locally(job, f"no healthy raas service for {self.policy.give_up_after_s:.0f}s")
-            return
-        jobs, self._homeless = self._homeless, []
-        for job in jobs:
-            job.homeless_since = None
-        self._spawn(self._send(jobs))
-
-    def _fail_locally(self, job: JobRecord, message: str, kind: str = "unavailable") -> None:
-        """A typed, filtered result for a sample no service could finish (never a reward)."""
-        result = JobResult(
-            job_id=job.job_id,
-            instance_id=str(job.group.instance.get("instance_id"))
-            if "instance_id" in job.group.instance
-            else None,
-            trajectory_id=str(job.index),
-            status="failed",
-            filter=True,
-            error=ErrorInfo(stage="trainer", kind=kind, message=message),
-        )
-        self.stats.dropped_samples += 1
-        self.stats.results += 1
-        self.stats.filtered += 1
-        job.done = True
-        job.group.failures.append(result)
-        self._forget_job(job)
 
     # -- helpers -----------------------------------------------------------------------------------------
 

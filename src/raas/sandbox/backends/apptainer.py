@@ -21,7 +21,8 @@ from pathlib import Path
 
 from raas.errors import RaasError
 from raas.sandbox.backends.bwrap import INNER_PATH, check_visible, ensure_mount_points, inner_env
-from raas.sandbox.base import INNER_AREA, INNER_LIB, INNER_RUN, SOCKET_NAME, LaunchSpec, Sandbox, parse_bind
+from raas.sandbox.base import INNER_AREA, INNER_LIB, INNER_RUN, SOCKET_NAME, LaunchSpec, Sandbox
+from raas.sandbox.config import parse_bind
 from raas.sandbox.images import apptainer_binary, ensure_sandbox_dir
 
 

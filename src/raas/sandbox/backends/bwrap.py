@@ -26,7 +26,8 @@ from pathlib import Path
 
 from raas.errors import RaasError
 from raas.sandbox import procs
-from raas.sandbox.base import INNER_AREA, INNER_LIB, INNER_RUN, SOCKET_NAME, LaunchSpec, Sandbox, parse_bind
+from raas.sandbox.base import INNER_AREA, INNER_LIB, INNER_RUN, SOCKET_NAME, LaunchSpec, Sandbox
+from raas.sandbox.config import parse_bind
 from raas.sandbox.images import ensure_sandbox_dir
 
 INNER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

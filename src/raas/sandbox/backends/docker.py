@@ -18,7 +18,8 @@ from pathlib import Path
 
 from raas.errors import RaasError
 from raas.sandbox.backends.bwrap import INNER_PATH, inner_env
-from raas.sandbox.base import INNER_LIB, INNER_RUN, SOCKET_NAME, LaunchSpec, Sandbox, parse_bind
+from raas.sandbox.base import INNER_LIB, INNER_RUN, SOCKET_NAME, LaunchSpec, Sandbox
+from raas.sandbox.config import parse_bind
 
 
 class DockerSandbox(Sandbox):

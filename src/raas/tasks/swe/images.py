@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from raas.core.executors import Executor
 from raas.errors import RaasError
 from raas.sandbox.images import (
     SOURCE_PREFIXES,
@@ -68,9 +69,15 @@ def image_reference(task: SweTask, template: str = DEFAULT_IMAGE_TEMPLATE) -> st
 
 
 class ImageGates:
-    """Conversions (one per image at a time) and start slots, for one service's event loop."""
+    """Conversions (one per image at a time) and start slots, for one service's event loop.
 
-    def __init__(self, starts_per_image: int, starts_per_node: int) -> None:
+    Conversions run on a pool of their own (``convert_workers`` threads): a burst of slow conversions
+    waits there and never holds the threads sandbox starts and closes need. The pool is shut down with
+    the gates (they live as long as their event loop)."""
+
+    def __init__(self, starts_per_image: int, starts_per_node: int, convert_workers: int = 2) -> None:
+        self.converts = Executor("raas-image-convert", convert_workers)
+        weakref.finalize(self, self.converts.shutdown)
         self.starts_per_image = starts_per_image
         self._node = asyncio.Semaphore(starts_per_node)
         self._per_image: dict[str, asyncio.Semaphore] = {}
@@ -89,7 +96,7 @@ class ImageGates:
             if known is not None and known.is_dir():
                 return known
             try:
-                path = await asyncio.to_thread(ensure_sandbox_dir, ref)
+                path = await self.converts.run(ensure_sandbox_dir, ref)
             except RaasError as e:
                 if e.kind == "bad_request":  # from the record: a missing path is not the policy's
                     e.kind = "sandbox_start_failed"
@@ -109,7 +116,7 @@ class ImageGates:
         """Size of the repository in the image (MB, apparent size), measured once per image."""
         key = (image_dir, workdir)
         if key not in self._repo_mb:
-            self._repo_mb[key] = await asyncio.to_thread(_tree_mb, image_dir / workdir.lstrip("/"))
+            self._repo_mb[key] = await self.converts.run(_tree_mb, image_dir / workdir.lstrip("/"))
         return self._repo_mb[key]
 
 
@@ -165,6 +172,8 @@ async def pull_images(
 ) -> list[PullResult]:
     """Convert every reference into the image cache (``jobs`` at a time; each image once, the file lock of
     :func:`raas.sandbox.images.ensure_sandbox_dir` also guards against other processes)."""
+    converts = Executor("raas-image-pull", max(1, jobs))
+
     gate = asyncio.Semaphore(jobs)
 
     async def one(ref: str) -> PullResult:
@@ -172,8 +181,8 @@ async def pull_images(
             started = time.monotonic()
             res = PullResult(ref)
             try:
-                res.cached = await asyncio.to_thread(_is_ready, ref)
-                res.path = str(await asyncio.to_thread(ensure_sandbox_dir, ref))
+                res.cached = await converts.run(_is_ready, ref)
+                res.path = str(await converts.run(ensure_sandbox_dir, ref))
             except RaasError as e:
                 res.error = f"{e.kind}: {e.message}"
             res.seconds = time.monotonic() - started
@@ -181,7 +190,10 @@ async def pull_images(
             on_done(res)
         return res
 
-    return list(await asyncio.gather(*(one(r) for r in refs)))
+    try:
+        return list(await asyncio.gather(*(one(r) for r in refs)))
+    finally:
+        await converts.aclose()
 
 
 def _is_ready(ref: str) -> bool:

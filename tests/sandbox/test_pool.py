@@ -283,8 +283,10 @@ async def test_pools_follow_demand_up_and_back_down(sandbox_manager: SandboxMana
     pool = pool_of(sandbox_manager, config)
     await asyncio.sleep(0.2)
     assert pool.size() == 0  # no demand, min_size 0: nothing started
-    first = await sandbox_manager.start(config, owner="j1")
-    second = await sandbox_manager.start(config, owner="j2")
+    # Asked for together: both find the pool empty (one after the other, a refill could be ready for the second).
+    first, second = await asyncio.gather(
+        sandbox_manager.start(config, owner="j1"), sandbox_manager.start(config, owner="j2")
+    )
     assert pool.stats.misses == 2
     assert pool.target == 2  # two were asked for: two are started to be kept ready
     await asyncio.gather(first.close(), second.close())

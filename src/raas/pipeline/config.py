@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from raas.agent.config import AGENT_ALIASES, AgentConfig, agent_overrides
 from raas.core.policy import StagePolicy, StageTimeouts
 from raas.errors import RaasError
+from raas.sandbox.layers import LayerPolicy
 
 __all__ = ["AGENT_ALIASES", "ServiceConfig", "agent_overrides"]
 
@@ -50,6 +51,10 @@ class ServiceConfig(BaseModel):
         5.0, ge=0, description="Probe inference servers this often, so unhealthy ones come back (0 = never)"
     )
     agent: AgentConfig = Field(default_factory=AgentConfig)
+    group_layers: LayerPolicy = Field(
+        default_factory=LayerPolicy,
+        description="Group-shared INIT (handlers that opt in): lifetime and disk budget of prepared layers",
+    )
 
     init_workers: int = Field(4, ge=1, le=4096)
     run_workers: int = Field(8, ge=1, le=4096)

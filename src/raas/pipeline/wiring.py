@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from raas.agent.context import LLMContext
@@ -19,6 +20,7 @@ from raas.errors import RaasError
 from raas.llm import ChatTokenizer, LLMBalancer
 from raas.pipeline.config import ServiceConfig, agent_config_for
 from raas.sandbox import SandboxConfig, SandboxManager, config_from_dict
+from raas.sandbox.layers import LayerStore
 from raas.tasks import verify
 from raas.tasks.base import JobSandboxes, TaskHandler
 from raas.tasks.registry import HandlerRegistry
@@ -52,6 +54,10 @@ class Layers:
         self.handlers = handlers if handlers is not None else HandlerRegistry()
         self._sandbox_default: SandboxConfig | None = None
         self._policies: dict[str, StagePolicy] = {}
+        self.layer_store: LayerStore | None = None
+        """Prepared layers of group-shared INIT (built at start, removed at close)."""
+        self.group_pending: Callable[[set[str], set[str]], bool] | None = None
+        """Set by the service: does a job of these groups, not among these job ids, still wait for INIT?"""
 
     async def start(self) -> None:
         """Register ``extra_handlers`` and build what was not injected."""
@@ -61,6 +67,13 @@ class Layers:
         if self.sandbox_manager is None:
             self.sandbox_manager = SandboxManager(self.config.state_dir / "sandboxes")
             await self.sandbox_manager.reap_stale()
+        if self.config.group_layers.enabled:
+            self.layer_store = await asyncio.to_thread(
+                LayerStore,
+                self.sandbox_manager.scratch_root / "layers",
+                self.config.group_layers,
+                pending=self.group_pending,
+            )
         if self.balancer is None:
             # Health checks run for the service's lifetime: a server marked unhealthy after a failed
             # request comes back once it answers again. ``close`` stops them and closes the client.
@@ -84,6 +97,9 @@ class Layers:
         if self._owns_manager and self.sandbox_manager is not None:
             with contextlib.suppress(Exception):
                 await self.sandbox_manager.close_all()
+        if self.layer_store is not None:
+            with contextlib.suppress(Exception):
+                await self.layer_store.close()
         if self._owns_balancer and self.balancer is not None:
             with contextlib.suppress(Exception):
                 await self.balancer.aclose()
@@ -139,7 +155,7 @@ class Layers:
         """A job's sandbox opener, with the service's default sandbox settings."""
         if self._sandbox_default is None:
             raise RaasError("the service has not started", kind="unavailable")
-        return JobSandboxes(self.manager, self._sandbox_default, job_id)
+        return JobSandboxes(self.manager, self._sandbox_default, job_id, self.layer_store)
 
     def llm_context(self, job: Job) -> LLMContext:
         """What a RUN stage gets: the balancer, the tokenizer and the agent settings with the job's

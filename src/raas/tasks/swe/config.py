@@ -53,6 +53,11 @@ class SweConfig(BaseModel):
     starts_per_image: int = Field(4, ge=1, description="sandboxes of one image starting at once")
     starts_per_node: int = Field(16, ge=1, description="sandboxes of this handler starting at once")
     prewarm: bool = Field(True, description="start EVAL's fresh sandbox while RUN is still going")
+    share_init: bool = Field(
+        True,
+        description="samples of one instance share INIT's repository preparation (the service's "
+        "group_layers); False: each sample prepares its own",
+    )
 
     tmpfs_max_repo_mb: float = Field(
         300.0,

@@ -99,7 +99,9 @@ async def test_samples_never_see_each_others_writes(
     async def sample(job: str) -> Sandbox:
         async with store.claim(key, group="g", job_id=job) as s:
             assert s.shared and s.meta == {"note": "prepared"}
-            return await sandbox_manager.start(cfg.model_copy(update={"seed": s.seed}), owner=job)
+            sb = await sandbox_manager.start(cfg.model_copy(update={"seed": s.seed}), owner=job)
+            s.hold_while_open(sb)
+            return sb
 
     if os.geteuid() == 0:  # as root, layer files are readable by the sandboxes' own uids
         pristine = pristine.replace("./private f 600", "./private f 644")
@@ -128,6 +130,36 @@ def share_seed(store: LayerStore, key: str) -> dict[str, str]:
     entry = store._entries[key]
     assert entry.ready
     return entry.seed
+
+
+@BWRAP
+async def test_a_layer_stays_while_a_seeded_sandbox_lives(
+    sandbox_manager: SandboxManager, sandbox_config: SandboxConfig
+) -> None:
+    """Removing a seed's host dir would detach the sandbox's own copy mounted over it: the layer must stay
+    until the last sandbox seeded from it closes, even when no job waits any more."""
+    store = LayerStore(sandbox_manager.scratch_root / "layers")
+    cfg = sandbox_config
+    key = layer_key("hold", cfg)
+    async with store.claim(key, group="g", job_id="p") as share:
+        prep = await sandbox_manager.start(cfg, owner="p")
+        await sh(prep, "echo kept > /workspace/kept")
+        await share.publish(prep)
+        await prep.close()
+        async with store.claim(key, group="g", job_id="s") as mine:
+            sample = await sandbox_manager.start(cfg.model_copy(update={"seed": mine.seed}), owner="s")
+            mine.hold_while_open(sample)
+    assert store.keys() == [key], "the layer went while a sandbox seeded from it was open"
+    assert (
+        await sh(sample, "cat /workspace/kept && echo more >> /workspace/kept && ls /workspace")
+    ).split() == [
+        "kept",
+        "kept",
+    ]
+    await sample.close()
+    await asyncio.sleep(0)  # the hold's watcher runs
+    assert store.keys() == [] and not any(store.dir.iterdir())
+    await store.close()
 
 
 @BWRAP

@@ -18,11 +18,15 @@ private writable area exactly as it would copy the image's. So:
   key). If it fails, every job waiting for or arriving at that key fails with the same infrastructure
   error (``sandbox_start_failed``: filtered, never a reward). If the preparing job is cancelled or times
   out, the next waiting job prepares instead.
-* **owned, bounded lifetime**: a layer is removed once no job holds it and no job of its groups still waits
-  to start (the service answers that: :attr:`LayerStore.pending`), after ``idle_ttl_s`` without use, at
-  ``max_age_s`` after it was built, when the store's ``max_bytes`` budget needs the room (least recently
-  used first), and when the store closes (service stop, interpreter exit). A store's directory carries its
-  process id; a later store reaps the directories of dead processes.
+* **owned, bounded lifetime**: a layer is held by every claim and by every sandbox seeded from it until
+  that sandbox closes (the seed stays bound, covered, under the sandbox's own copy: removing a bind
+  mount's source directory on the host detaches every mount stacked on it, in every namespace, which
+  would leave the sample looking at an empty, deleted directory). It is removed once nothing holds it and
+  no job of its groups still waits for or runs INIT (the service answers that: :attr:`LayerStore.pending`),
+  after ``idle_ttl_s`` without use, at ``max_age_s`` after it was built, when the store's ``max_bytes``
+  budget needs the room (least recently used first), and when the store closes (service stop, after its
+  sandboxes; interpreter exit). A store's directory carries its process id; a later store reaps the
+  directories of dead processes.
 
 Layer files are written by the service's own user with group/other write removed; as root, where every
 sandbox runs under a uid of its own, they are also made readable by others. Set-uid bits, devices and
@@ -115,6 +119,11 @@ class Share:
         self.meta: dict[str, Any] = dict(entry.meta) if entry is not None and entry.ready else {}
         self.published = False
 
+    def hold_while_open(self, sandbox: Sandbox) -> None:
+        """Keep the layer until ``sandbox`` (started with this share's seed) is closed."""
+        if self._store is not None and self._entry is not None and self.seed:
+            self._store._hold_until_closed(self._entry, sandbox)
+
     @property
     def shared(self) -> bool:
         """True when this job starts from a layer another job prepared."""
@@ -152,6 +161,7 @@ class LayerStore:
         self.dir = make_private_dir(parent / f"{os.getpid()}-{secrets.token_hex(4)}", 0o711)
         self._entries: dict[str, _Entry] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._watchers: set[asyncio.Task[None]] = set()
         self._closed = False
         self.stats = {"prepared": 0, "shared": 0, "failed": 0, "removed": 0}
         _STORES.add(self)
@@ -208,6 +218,21 @@ class LayerStore:
                 entry.lock.release()
                 continue
             return Share(self, entry, job_id)  # the lock stays held until the claim ends
+
+    def _hold_until_closed(self, entry: _Entry, sandbox: Sandbox) -> None:
+        entry.holders += 1
+
+        async def watch() -> None:
+            try:
+                await sandbox.wait_closed()
+            finally:
+                entry.holders -= 1
+                entry.used_at = time.monotonic()
+                self._maybe_remove(entry)
+
+        task = asyncio.get_running_loop().create_task(watch(), name=f"raas-layer-hold-{sandbox.id}")
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
 
     def _fail(self, entry: _Entry, exc: BaseException) -> None:
         kind = getattr(exc, "kind", "internal")
@@ -324,10 +349,10 @@ class LayerStore:
     async def close(self) -> None:
         """Remove every layer and the store's directory (service stop). Idempotent."""
         self._closed = True
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(BaseException):
-                await self._sweeper
+        tasks = [t for t in (self._sweeper, *self._watchers) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.to_thread(self.close_sync)
 
     def close_sync(self) -> None:

@@ -71,6 +71,7 @@ class JobSandboxes:
         self.layers = layers
         """The service's prepared layers (None: no group sharing in this service)."""
         self._open: list[Sandbox] = []
+        self._shares: list[Share] = []
 
     def config(self, **overrides: Any) -> SandboxConfig:
         """The default sandbox settings with ``overrides`` applied."""
@@ -79,6 +80,10 @@ class JobSandboxes:
     async def open(self, **overrides: Any) -> Sandbox:
         sandbox = await self.manager.start(self.config(**overrides), owner=self.owner)
         self._open.append(sandbox)
+        seed = overrides.get("seed")
+        for share in self._shares:
+            if seed and share.seed == seed:
+                share.hold_while_open(sandbox)  # the layer stays while this sandbox lives
         return sandbox
 
     @contextlib.asynccontextmanager
@@ -102,7 +107,11 @@ class JobSandboxes:
             yield Share(None, None, self.owner)
             return
         async with store.claim(layer_key(key, config), group=group, job_id=self.owner) as share:
-            yield share
+            self._shares.append(share)
+            try:
+                yield share
+            finally:
+                self._shares.remove(share)
 
     async def close_all(self) -> None:
         sandboxes, self._open = self._open, []

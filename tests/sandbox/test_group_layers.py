@@ -106,6 +106,10 @@ async def test_samples_never_see_each_others_writes(
     if os.geteuid() == 0:  # as root, layer files are readable by the sandboxes' own uids
         pristine = pristine.replace("./private f 600", "./private f 644")
     a, b = await asyncio.gather(sample("a"), sample("b"))
+    # Rootless, the layer is the sandbox user's: stacked under an overlay; as root (a uid per sandbox,
+    # which cannot own the layer) it is copied.
+    mounts = await sh(a, "grep ' /workspace ' /proc/self/mountinfo")
+    assert ("overlay" in mounts) == (os.geteuid() != 0), mounts
     assert await sh(a, LISTING) == pristine  # the copy is exact: modes, links, hard links, extra dirs
     assert "done" in await sh(a, ATTACK)
     # The attacker cannot get at the layer under its copy either: no capabilities to unmount or remount.

@@ -340,6 +340,9 @@ class Sandbox(ABC):
         args += ["--bind", f"ws:{cfg.workdir}", "--populate", cfg.workdir]
         for i, path in enumerate(cfg.writable):
             args += ["--bind", f"w{i}:{path}", "--populate", path]
+        if not self.identity.dedicated:  # seeds are the service user's files: root inside, overlay-able
+            for dest in cfg.seed:
+                args += ["--overlay", dest]
         for dest in WRITABLE_DIRS:
             args += ["--bind-if", f"{dest.strip('/').replace('/', '-')}:{dest}"]
         args += ["--ptys", str(cfg.max_ptys), "--listen", f"{INNER_RUN}/{SOCKET_NAME}", "--readonly-rest"]

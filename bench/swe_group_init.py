@@ -12,7 +12,10 @@ with a 40 MB repository (CPython 3.11's standard library in one commit) left wit
 so INIT must reset it — closer to what a real SWE-bench image costs. INIT concurrency 8 (all at once) and
 2 (two INIT workers); shared and unshared groups alternate, each repeated ``--reps`` times.
 
-    python bench/swe_group_init.py [--backends bwrap,apptainer] [--reps 3] [--no-medium]
+    python bench/swe_group_init.py [--backends bwrap,apptainer] [--reps 3] [--no-medium] [--out FILE]
+
+Run it as root (layers are copied into each sandbox: every sandbox has a uid of its own) and as an
+unprivileged user (layers are stacked read-only under a per-sample overlay); the JSON keeps both.
 """
 
 from __future__ import annotations
@@ -49,8 +52,13 @@ GROUP = 8
 
 
 def medium_instance(base: SweRecord, work: Path) -> SweRecord:
-    """``base``'s image (hard-linked) with /testbed replaced by a 40 MB repository, one file modified."""
-    image = work / "medium-image"
+    """``base``'s image (hard-linked) with /testbed replaced by a 40 MB repository, one file modified.
+    Built once into ``work`` (root); later runs, also an unprivileged user's, reuse it."""
+    image, meta = work / "image", work / "medium.json"
+    if meta.is_file():
+        return base.model_copy(update=json.loads(meta.read_text()))
+    work.mkdir(parents=True, exist_ok=True)
+    work.chmod(0o755)
     subprocess.run(["cp", "-al", base.image, str(image)], check=True)
     shutil.rmtree(image / "testbed")  # unlinks only this copy's links
     src = Path(f"/usr/lib/python{sys.version_info.major}.{sys.version_info.minor}")
@@ -61,7 +69,9 @@ def medium_instance(base: SweRecord, work: Path) -> SweRecord:
     with open(image / "testbed" / "os.py", "a") as f:
         f.write("# left behind by the environment set-up\n")
     subprocess.run(["chmod", "-R", "a+rX", str(image / "testbed")], check=True)
-    return base.model_copy(update={"image": str(image), "base_commit": commit, "instance_id": "medium-stdlib"})
+    fields = {"image": str(image), "base_commit": commit, "instance_id": "medium-stdlib"}
+    meta.write_text(json.dumps(fields))
+    return base.model_copy(update=fields)
 
 
 def _p50(xs: list[float]) -> float:
@@ -154,38 +164,50 @@ async def run_backend(
     return out
 
 
-async def main() -> None:
+async def measure(backends: list[str], records: dict[str, SweRecord], reps: int, tmp: Path) -> dict[str, Any]:
+    handler = SweHandler()
+    return {b: await run_backend(b, records, reps, tmp, handler) for b in backends}
+
+
+def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="bwrap,apptainer")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-medium", action="store_true")
+    ap.add_argument("--medium-dir", default="/var/tmp/raas-bench-medium-instance")
+    ap.add_argument("--out", default=str(RESULTS), help="JSON results; an existing file gains this run")
     args = ap.parse_args()
     load_start = os.getloadavg()
-    built, _ = await build(BuildOptions(**SMALL_SET))  # type: ignore[arg-type]
+    built, _ = asyncio.run(build(BuildOptions(**SMALL_SET)))  # type: ignore[arg-type]
     small = {r.repo.split("/")[-1]: r for r in built}  # one instance per package
+    user = "root" if os.geteuid() == 0 else "rootless"
     out: dict[str, Any] = {
+        "run_as": user,
+        "layers": "copied into each sandbox"
+        if user == "root"
+        else "overlay (read-only under a per-sample upper)",
         "group_size": GROUP,
         "reps": args.reps,
         "load_avg_start": [round(x, 2) for x in load_start],
         "instances": {},
-        "backends": {},
     }
-    handler = SweHandler()
+    records = dict(small)
+    medium = Path(args.medium_dir)
+    if not args.no_medium and (os.geteuid() == 0 or (medium / "medium.json").is_file()):
+        records["medium-stdlib-40MB"] = medium_instance(next(iter(small.values())), medium)
+    for name, r in records.items():
+        size = subprocess.run(["du", "-sm", f"{r.image}/testbed"], capture_output=True, text=True, check=True)
+        out["instances"][name] = {"instance_id": r.instance_id, "repo_mb": int(size.stdout.split()[0])}
     with tempfile.TemporaryDirectory(prefix="raas-bench-group-", dir="/var/tmp") as tmp_name:
-        tmp = Path(tmp_name)
-        os.chmod(tmp, 0o711)
-        records = dict(small)
-        if not args.no_medium and os.geteuid() == 0:
-            records["medium-stdlib-40MB"] = medium_instance(next(iter(small.values())), tmp)
-        for name, r in records.items():
-            size = subprocess.run(["du", "-sm", f"{r.image}/testbed"], capture_output=True, text=True)
-            out["instances"][name] = {"instance_id": r.instance_id, "repo_mb": int(size.stdout.split()[0])}
-        for backend in args.backends.split(","):
-            out["backends"][backend] = await run_backend(backend, records, args.reps, tmp, handler)
+        os.chmod(tmp_name, 0o711)
+        out["backends"] = asyncio.run(measure(args.backends.split(","), records, args.reps, Path(tmp_name)))
     out["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
-    RESULTS.write_text(json.dumps(out, indent=1))
+    path = Path(args.out)
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    saved[user] = out
+    path.write_text(json.dumps(saved, indent=1))
     print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

@@ -21,6 +21,7 @@ import pytest
 
 from raas.errors import RaasError
 from raas.sandbox import Sandbox, SandboxConfig, SandboxManager
+from raas.sandbox import procs as sbprocs
 from raas.sandbox.layers import LayerPolicy, LayerStore, layer_key
 
 pytestmark = pytest.mark.integration
@@ -82,17 +83,26 @@ def config_for(sandbox_config: SandboxConfig) -> SandboxConfig:
 
 
 @ISOLATED
+@pytest.mark.parametrize("capture", ["tar", "host_area"])
 async def test_samples_never_see_each_others_writes(
-    sandbox_manager: SandboxManager, sandbox_config: SandboxConfig, store: LayerStore
+    sandbox_manager: SandboxManager, sandbox_config: SandboxConfig, store: LayerStore, capture: str
 ) -> None:
+    """Published through the tool server (a running sandbox) or copied from a stopped preparing
+    sandbox's host area; either way the samples' copies are exact, private and leave the layer alone."""
     cfg = config_for(sandbox_config)
     key = layer_key("test", cfg)
     async with store.claim(key, group="g", job_id="j0") as share:
         assert share.preparing and not share.shared
-        prep = await sandbox_manager.start(cfg, owner="j0")
-        await sh(prep, PREPARE)
+        root_writes = "host" if capture == "host_area" else "tmpfs"
+        prep = await sandbox_manager.start(cfg.model_copy(update={"root_writes": root_writes}), owner="j0")
+        await sh(prep, PREPARE + "; (sleep 3600 &) ; echo started")
         pristine = await sh(prep, LISTING)
         await share.publish(prep, {"note": "prepared"})
+        assert share.shared and share.meta == {"note": "prepared"}
+        # A preparing sandbox copied from its host area is stopped first, down to its last process.
+        assert prep.alive == (capture == "tar")
+        assert (await prep.wait_exited() is not None) if capture == "host_area" else True
+        assert capture == "tar" or not sbprocs.pids_with_env(prep.id)
     layer_files = Path(next(iter(share_seed(store, key).values())))
     before = tree_digest(layer_files.parent)
 

@@ -286,6 +286,18 @@ class Sandbox(ABC):
         """Host dir that is the sandbox's writable area when ``root_writes="host"``."""
         return self.scratch / "rw"
 
+    def area_path(self, inner: str) -> Path | None:
+        """The host dir holding the sandbox's writable copy of ``inner`` (the workdir or one of
+        ``writable``) with ``root_writes="host"`` in a container backend; None otherwise."""
+        cfg = self.config
+        if cfg.root_writes != "host" or not self.supports_seed:
+            return None
+        if inner == cfg.workdir:
+            return self.area_dir / "ws"
+        if inner in cfg.writable:
+            return self.area_dir / f"w{cfg.writable.index(inner)}"
+        return None
+
     @property
     def log_path(self) -> Path:
         return self.scratch / "server.log"

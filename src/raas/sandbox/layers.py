@@ -3,17 +3,20 @@ sandbox; the others start from a copy of what it left behind.
 
 A GRPO group runs n samples of one instance, and each would repeat the same set-up in its own sandbox
 (for SWE: the repository brought to the base commit, hidden tests removed). With a :class:`LayerStore`,
-the first job of a key prepares its sandbox as usual and **publishes** it: the dirs the sandbox populates
-from its image (the workdir and ``writable``) are downloaded through the tool server and unpacked into a
-host directory, the *layer*. Every later job of that key starts a sandbox with ``SandboxConfig.seed``: the
-layer's dirs are bound read-only over the image's, and the sandbox's boot step copies them into its own
-private writable area exactly as it would copy the image's. So:
+the first job of a key prepares a sandbox and **publishes** it: the dirs the sandbox populates from its
+image (the workdir and ``writable``) become a host directory, the *layer*. A sandbox with
+``root_writes="host"`` (a throwaway preparing sandbox) is stopped and its host area copied with ``cp``;
+any other is read through its tool server as a tar stream and unpacked through a filter. Every job of that
+key then starts its sandbox with ``SandboxConfig.seed``: the layer's dirs are bound read-only over the
+image's, and the sandbox's boot step builds its private writable dirs from them instead of the image's:
 
-* **no sharing of writes**: each sample's files are its own copies (in its tmpfs or host area); the layer
-  is never bound writable and is never hard-linked into a sandbox, so a write, delete or ``chmod`` in one
-  sample cannot reach the layer or a sibling. (Stacking the layer read-only under a per-sample overlayfs
-  upper would avoid the copy, but a sandbox's user namespace maps only its own uid, and as root every
-  sandbox has a uid of its own: files owned by the layer's uid cannot be copied up there.)
+* **no sharing of writes**: where the sandbox's root owns the layer (rootless: every sandbox runs as the
+  service's user) the layer is the read-only lower layer of an overlayfs whose upper layer is in the
+  sandbox's own capped writable area (nothing is copied; a write copies the file up first); as root, where
+  every sandbox has a uid of its own that cannot own the layer (files of an unmapped owner cannot be
+  copied up), the boot step copies the layer into the writable area, as it would the image's dirs. The
+  layer is never bound writable and never hard-linked into a sandbox, so a write, delete or ``chmod`` in
+  one sample cannot reach the layer or a sibling.
 * **one preparation**: the first job of a key prepares; the others wait for it (an ``asyncio.Lock`` per
   key). If it fails, every job waiting for or arriving at that key fails with the same infrastructure
   error (``sandbox_start_failed``: filtered, never a reward). If the preparing job is cancelled or times
@@ -39,12 +42,16 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import hashlib
 import io
 import json
 import logging
 import os
 import secrets
+import signal
+import stat
+import subprocess
 import tarfile
 import time
 import weakref
@@ -56,8 +63,9 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from raas.errors import RaasError
+from raas.sandbox import procs
 from raas.sandbox.base import Sandbox, remove_tree
-from raas.sandbox.identity import make_private_dir
+from raas.sandbox.identity import kill_uid, make_private_dir
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +126,7 @@ class Share:
         self.seed: dict[str, str] = dict(entry.seed) if entry is not None and entry.ready else {}
         self.meta: dict[str, Any] = dict(entry.meta) if entry is not None and entry.ready else {}
         self.published = False
+        self._lock_held = False
 
     def hold_while_open(self, sandbox: Sandbox) -> None:
         """Keep the layer until ``sandbox`` (started with this share's seed) is closed."""
@@ -135,11 +144,20 @@ class Share:
         return self._entry is not None and not self.seed and not self.published
 
     async def publish(self, sandbox: Sandbox, meta: dict[str, Any] | None = None) -> None:
-        """Capture ``sandbox``'s populated dirs (prepared, before the policy touched them) as the layer."""
+        """Capture ``sandbox``'s populated dirs (prepared, before the policy touched them) as the layer;
+        from then on this share is :attr:`shared` too. A sandbox with ``root_writes="host"`` is stopped
+        for the copy (close it afterwards); any other keeps running."""
         if self._store is None or self._entry is None or self.seed:
             return
         await self._store._publish(self._entry, sandbox, dict(meta or {}))
         self.published = True
+        self.seed, self.meta = dict(self._entry.seed), dict(self._entry.meta)
+        self._release_lock()  # the waiting jobs go ahead now, not when this job's block ends
+
+    def _release_lock(self) -> None:
+        if self._lock_held and self._entry is not None:
+            self._lock_held = False
+            self._entry.lock.release()
 
 
 class LayerStore:
@@ -199,8 +217,7 @@ class LayerStore:
                     self._fail(entry, exc)
                 raise
             finally:
-                if entry.lock.locked():
-                    entry.lock.release()
+                share._release_lock()
         finally:
             entry.holders -= 1
             entry.used_at = time.monotonic()
@@ -217,7 +234,9 @@ class LayerStore:
             if entry.ready or entry.error is not None:
                 entry.lock.release()
                 continue
-            return Share(self, entry, job_id)  # the lock stays held until the claim ends
+            share = Share(self, entry, job_id)
+            share._lock_held = True  # until it publishes or its claim ends
+            return share
 
     def _hold_until_closed(self, entry: _Entry, sandbox: Sandbox) -> None:
         entry.holders += 1
@@ -249,15 +268,21 @@ class LayerStore:
     async def _publish(self, entry: _Entry, sandbox: Sandbox, meta: dict[str, Any]) -> None:
         cfg = sandbox.config
         dirs = [cfg.workdir, *cfg.writable]
+        sources = [sandbox.area_path(d) for d in dirs]
         path = self.dir / secrets.token_hex(8)
         await asyncio.to_thread(make_private_dir, path, 0o711)
         try:
             seed: dict[str, str] = {}
             size = 0
-            for i, inner in enumerate(dirs):
-                data = await sandbox.tools.download(inner)
+            if all(sources):
+                await _stop(sandbox)  # nothing may change the tree while it is copied
+            for i, (inner, src) in enumerate(zip(dirs, sources, strict=True)):
                 dest = path / f"d{i}"
-                size += await asyncio.to_thread(_unpack, data, dest)
+                if src is not None and all(sources):
+                    size += await asyncio.to_thread(_copy_tree, src, dest)
+                else:
+                    data = await sandbox.tools.download(inner)
+                    size += await asyncio.to_thread(_unpack, data, dest)
                 seed[inner] = str(dest)
         except BaseException:
             await asyncio.to_thread(remove_tree, path)
@@ -411,6 +436,40 @@ class _LayerFilter:
                 mode |= 0o555 if out.isdir() else 0o444
         self.size += out.size if out.isreg() else 0
         return out.replace(mode=mode, uid=None, gid=None, uname=None, gname=None, deep=False)
+
+
+async def _stop(sandbox: Sandbox) -> None:
+    """Kill every process of a sandbox whose host area is about to be copied (its dirs stay until it is
+    closed): the kernel ends a PID namespace with its first process; stragglers go by id or by uid."""
+    if sandbox.pid is not None:
+        procs.killpg_quietly(sandbox.pid, signal.SIGKILL)
+        procs.kill_quietly(sandbox.pid, signal.SIGKILL)
+    await sandbox.wait_exited()
+    await asyncio.to_thread(procs.kill_by_env, sandbox.id)
+    if sandbox.identity.dedicated:
+        await asyncio.to_thread(kill_uid, sandbox.identity.uid)
+
+
+def _copy_tree(src: Path, dest: Path) -> int:
+    """Copy a stopped sandbox's host area dir (C speed: ``cp``), owned by us, modes and times and hard
+    links kept, symlinks copied as links, no extended attributes; then the layer's modes (see the module
+    docstring). Returns the bytes of regular files."""
+    run = functools.partial(subprocess.run, capture_output=True, text=True, check=False)
+    out = run(["cp", "-R", "-P", "--preserve=mode,timestamps,links", "--", f"{src}/.", str(dest)])
+    if out.returncode != 0:
+        raise RaasError(f"copying the prepared environment failed: {out.stderr[-500:]}", kind="internal")
+    mode = "go-w,ug-s,u+rwX" + (",a+rX" if os.geteuid() == 0 else "")
+    out = run(["chmod", "-R", mode, "--", str(dest)])
+    if out.returncode != 0:
+        raise RaasError(
+            f"setting the prepared environment's modes failed: {out.stderr[-500:]}", kind="internal"
+        )
+    size = 0
+    for dirpath, _, files in os.walk(dest):
+        for name in files:
+            st = os.lstat(os.path.join(dirpath, name))
+            size += st.st_size if stat.S_ISREG(st.st_mode) else 0
+    return size
 
 
 def _unpack(data: bytes, dest: Path) -> int:

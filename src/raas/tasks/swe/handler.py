@@ -154,17 +154,27 @@ class SweHandler(TaskHandler):
         task = parse_task(job.instance)
         _, overrides = await self._overrides(task, sandboxes, hide=True)
         async with self.group_share(job, sandboxes, **overrides) as share:
+            if share.preparing:  # in a throwaway sandbox on disk, copied from the host, then closed
+                prep = await self._open(
+                    task, sandboxes, hide=True, overrides={**overrides, "root_writes": "host"}
+                )
+                try:
+                    state = await prepare_repo(
+                        prep, task.workdir, task.base_commit, hidden=task.hidden_paths, stage="init"
+                    )
+                    await share.publish(prep, dataclasses.asdict(state))
+                finally:
+                    await prep.close()
             if share.shared:
                 sandbox = await self._open(
                     task, sandboxes, hide=True, overrides={**overrides, "seed": share.seed}
                 )
                 state = RepoState(**share.meta)
-            else:
+            else:  # no sharing in this service
                 sandbox = await self._open(task, sandboxes, hide=True, overrides=overrides)
                 state = await prepare_repo(
                     sandbox, task.workdir, task.base_commit, hidden=task.hidden_paths, stage="init"
                 )
-                await share.publish(sandbox, dataclasses.asdict(state))
         env = Env(job=job, sandboxes=sandboxes, sandbox=sandbox)
         env.data.update(task=task, base=state.base)
         env.data["init"] = {

@@ -5,7 +5,7 @@ A GRPO group runs n samples of one instance, and each would repeat the same set-
 (for SWE: the repository brought to the base commit, hidden tests removed). With a :class:`LayerStore`,
 the first job of a key prepares a sandbox and **publishes** it: the dirs the sandbox populates from its
 image (the workdir and ``writable``) become a host directory, the *layer*. A sandbox with
-``root_writes="host"`` (a throwaway preparing sandbox) is stopped and its host area copied with ``cp``;
+``root_writes="host"`` (a throwaway preparing sandbox) is stopped and its host area taken over (moved);
 any other is read through its tool server as a tar stream and unpacked through a filter. Every job of that
 key then starts its sandbox with ``SandboxConfig.seed``: the layer's dirs are bound read-only over the
 image's, and the sandbox's boot step builds its private writable dirs from them instead of the image's:
@@ -279,7 +279,7 @@ class LayerStore:
             for i, (inner, src) in enumerate(zip(dirs, sources, strict=True)):
                 dest = path / f"d{i}"
                 if src is not None and all(sources):
-                    size += await asyncio.to_thread(_copy_tree, src, dest)
+                    size += await asyncio.to_thread(_take_tree, src, dest)
                 else:
                     data = await sandbox.tools.download(inner)
                     size += await asyncio.to_thread(_unpack, data, dest)
@@ -450,20 +450,30 @@ async def _stop(sandbox: Sandbox) -> None:
         await asyncio.to_thread(kill_uid, sandbox.identity.uid)
 
 
-def _copy_tree(src: Path, dest: Path) -> int:
-    """Copy a stopped sandbox's host area dir (C speed: ``cp``), owned by us, modes and times and hard
-    links kept, symlinks copied as links, no extended attributes; then the layer's modes (see the module
-    docstring). Returns the bytes of regular files."""
+def _take_tree(src: Path, dest: Path) -> int:
+    """Take over a stopped sandbox's host area dir as a layer dir: moved when it is on the same file
+    system (nothing is copied; nothing of the sandbox runs any more, and it is closed right after), else
+    copied with ``cp`` (modes, times and hard links kept, symlinks copied as links, no extended
+    attributes). Then made ours (as root: the sandbox's uid goes back to the pool) with the layer's modes
+    (see the module docstring). Returns the bytes of regular files."""
     run = functools.partial(subprocess.run, capture_output=True, text=True, check=False)
-    out = run(["cp", "-R", "-P", "--preserve=mode,timestamps,links", "--", f"{src}/.", str(dest)])
-    if out.returncode != 0:
-        raise RaasError(f"copying the prepared environment failed: {out.stderr[-500:]}", kind="internal")
-    mode = "go-w,ug-s,u+rwX" + (",a+rX" if os.geteuid() == 0 else "")
-    out = run(["chmod", "-R", mode, "--", str(dest)])
-    if out.returncode != 0:
-        raise RaasError(
-            f"setting the prepared environment's modes failed: {out.stderr[-500:]}", kind="internal"
-        )
+    try:
+        os.rename(src, dest)
+    except OSError:
+        out = run(["cp", "-R", "-P", "--preserve=mode,timestamps,links", "--", f"{src}/.", str(dest)])
+        if out.returncode != 0:
+            raise RaasError(
+                f"copying the prepared environment failed: {out.stderr[-500:]}", kind="internal"
+            ) from None
+    steps = [["chmod", "-R", "go-w,ug-s,u+rwX" + (",a+rX" if os.geteuid() == 0 else ""), "--", str(dest)]]
+    if os.geteuid() == 0:  # links from the sandbox's area can only point inside it (link() is per mount)
+        steps.insert(0, ["chown", "-R", "-P", "-h", f"{os.geteuid()}:{os.getegid()}", "--", str(dest)])
+    for argv in steps:
+        out = run(argv)
+        if out.returncode != 0:
+            raise RaasError(
+                f"{argv[0]} on the prepared environment failed: {out.stderr[-500:]}", kind="internal"
+            )
     size = 0
     for dirpath, _, files in os.walk(dest):
         for name in files:

@@ -41,6 +41,7 @@ from raas.sandbox import SandboxConfig, SandboxManager  # noqa: E402
 from raas.sandbox.layers import LayerStore  # noqa: E402
 from raas.tasks.base import JobSandboxes  # noqa: E402
 from raas.tasks.swe.build import BuildOptions, build  # noqa: E402
+from raas.tasks.swe.config import SweConfig  # noqa: E402
 from raas.tasks.swe.handler import SweHandler  # noqa: E402
 from raas.tasks.swe.packages import FAST_PACKAGES  # noqa: E402
 from raas.tasks.swe.records import SweRecord  # noqa: E402
@@ -166,6 +167,7 @@ async def run_backend(
 
 async def measure(backends: list[str], records: dict[str, SweRecord], reps: int, tmp: Path) -> dict[str, Any]:
     handler = SweHandler()
+    handler.settings = SweConfig(share_init=True)  # the unshared groups get no layer store
     return {b: await run_backend(b, records, reps, tmp, handler) for b in backends}
 
 

@@ -29,8 +29,10 @@ from raas.llm.tokenizer import ChatTokenizer
 from raas.pipeline.config import ServiceConfig
 from raas.pipeline.service import RolloutService
 from raas.sandbox import SandboxManager
+from raas.tasks.registry import HandlerRegistry
 from raas.tasks.swe import handler as swe_handler
 from raas.tasks.swe.build import BuildOptions, build
+from raas.tasks.swe.config import SweConfig
 from raas.tasks.swe.packages import FAST_PACKAGES
 from raas.tasks.swe.records import SweRecord
 
@@ -38,6 +40,19 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 SMALL_SET = {"packages": list(FAST_PACKAGES), "per_package": 4, "seed": 0, "jobs": 2}
 GROUP = 8
+
+
+class SharingSwe(swe_handler.SweHandler):
+    """The SWE handler with ``share_init`` on (off by default)."""
+
+    name = "swebench"
+    config = SweConfig(share_init=True)
+
+
+def registry() -> HandlerRegistry:
+    handlers = HandlerRegistry()
+    handlers.register(SharingSwe, replace=True)
+    return handlers
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +157,9 @@ async def test_a_group_prepares_once_and_samples_stay_private(
     scripts = [[tool_call("bash", command=attack)]] + [[tool_call("bash", command=look)]] * (GROUP - 1)
     book = ScriptBook(tok)
     async with ScriptedLLM(book) as llm:
-        svc = RolloutService(service_config(tmp_path, backend, llm.url), sandbox_manager=sandbox_manager)
+        svc = RolloutService(
+            service_config(tmp_path, backend, llm.url), sandbox_manager=sandbox_manager, handlers=registry()
+        )
         async with svc:
             store = svc.layers.layer_store
             assert store is not None
@@ -181,7 +198,7 @@ async def test_a_failed_shared_preparation_is_infrastructure_for_the_group(
     book = ScriptBook(tok)
     async with ScriptedLLM(book) as llm:
         async with RolloutService(
-            service_config(tmp_path, backend, llm.url), sandbox_manager=sandbox_manager
+            service_config(tmp_path, backend, llm.url), sandbox_manager=sandbox_manager, handlers=registry()
         ) as svc:
             results = await run_group(svc, broken, book, [[]] * GROUP, "grp-b")
             store = svc.layers.layer_store

@@ -407,13 +407,19 @@ def _install_atexit() -> None:
     global _ATEXIT
     if not _ATEXIT:
         _ATEXIT = True
-        atexit.register(lambda: [s.close_sync() for s in list(_STORES)])
+        atexit.register(_close_all_stores)
+
+
+def _close_all_stores() -> None:
+    for store in list(_STORES):
+        with contextlib.suppress(Exception):
+            store.close_sync()
 
 
 class _LayerFilter:
     """tarfile's ``tar`` filter (names inside the destination, no set-uid bits, no group/other write),
     plus: hard links only to members inside the destination, devices and fifos skipped, ownership not
-    restored, everything readable by the sandboxes' uids. Symlinks are kept as they are (any target):
+    restored, the owner may read and write, and as root everyone may read. Symlinks are kept as they are (any target):
     nothing on the host follows them, and inside a sandbox they resolve in the sandbox's own tree."""
 
     def __init__(self, for_other_uids: bool) -> None:
@@ -435,7 +441,8 @@ class _LayerFilter:
             if self.for_other_uids:
                 mode |= 0o555 if out.isdir() else 0o444
         self.size += out.size if out.isreg() else 0
-        return out.replace(mode=mode, uid=None, gid=None, uname=None, gname=None, deep=False)
+        # None means "do not set" to tarfile (its own data filter does the same); the stubs say int/str.
+        return out.replace(mode=mode, uid=None, gid=None, uname=None, gname=None, deep=False)  # type: ignore[arg-type]
 
 
 async def _stop(sandbox: Sandbox) -> None:

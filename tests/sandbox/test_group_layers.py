@@ -346,3 +346,45 @@ async def test_close_removes_layers_in_use(
     with pytest.raises(RaasError):
         async with store.claim("k", group="g", job_id="j2"):
             pass
+
+
+# -- the seed in the sandbox config and the launch commands (no sandbox started) -----------------------
+
+
+@pytest.mark.unit
+def test_seed_must_name_a_populated_dir() -> None:
+    SandboxConfig(workdir="/testbed", writable=["/r2e"], seed={"/testbed": "/l/d0", "/r2e": "/l/d1"})
+    with pytest.raises(ValueError, match="neither the workdir"):
+        SandboxConfig(workdir="/testbed", seed={"/etc": "/l/d0"})
+    with pytest.raises(ValueError, match="absolute"):
+        SandboxConfig(workdir="/testbed", seed={"/testbed": "relative"})
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("dedicated", [False, True])
+def test_seeds_are_bound_read_only_and_overlaid_only_when_owned(tmp_path: Path, dedicated: bool) -> None:
+    from raas.sandbox.backends.apptainer import ApptainerSandbox
+    from raas.sandbox.backends.bwrap import BwrapSandbox
+    from raas.sandbox.identity import SandboxIdentity
+
+    cfg = SandboxConfig(workdir="/testbed", image="/img", seed={"/testbed": "/layers/x/d0"})
+    for cls in (BwrapSandbox, ApptainerSandbox):
+        sb = cls(cfg, sandbox_id="sb-0123456789ab", owner="t", scratch=tmp_path / "sb", bundle_dir=tmp_path)
+        if dedicated:  # as root: a uid of the sandbox's own, which cannot own the layer
+            sb.identity = SandboxIdentity(uid=1610612737, gid=1610612737, dedicated=True)
+        argv = sb.build_launch().argv
+        if cls is BwrapSandbox:
+            i = argv.index("/layers/x/d0")
+            assert argv[i - 1] == "--ro-bind" and argv[i + 1] == "/testbed"
+        else:
+            assert "/layers/x/d0:/testbed:ro" in argv
+        boot = argv[argv.index("raas_toolserver.boot") :]
+        assert ("--overlay" in boot) == (not dedicated)
+        assert "--populate" in boot  # the copy stays the fallback inside
+    assert not backend_class_supports("local") and not backend_class_supports("docker")
+
+
+def backend_class_supports(name: str) -> bool:
+    from raas.sandbox.base import backend_class
+
+    return backend_class(name).supports_seed

@@ -31,10 +31,11 @@ image's, and the sandbox's boot step builds its private writable dirs from them 
   sandboxes; interpreter exit). A store's directory carries its process id; a later store reaps the
   directories of dead processes.
 
-Layer files are written by the service's own user with group/other write removed; as root, where every
-sandbox runs under a uid of its own, they are also made readable by others. Set-uid bits, devices and
-fifos are dropped (the boot step skips the latter anyway). So a prepared file's group/other write bits
-(and, as root, an owner-only read mode) differ in the samples' copies; nothing else does.
+Layer files belong to the service's own user, with group/other write and set-uid/set-gid bits removed;
+as root, where every sandbox runs under a uid of its own, they are also made readable by others. So a
+prepared file's group/other write bits (and, as root, an owner-only read mode) differ in the samples'
+copies. Unpacked tar streams also lose devices, fifos and extended attributes; a moved host area keeps
+what the preparing sandbox left there (it cannot create devices).
 """
 
 from __future__ import annotations

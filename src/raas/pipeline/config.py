@@ -14,6 +14,7 @@ from raas.agent.config import AGENT_ALIASES, AgentConfig, agent_overrides
 from raas.core.policy import StagePolicy, StageTimeouts
 from raas.errors import RaasError
 from raas.llm.routing import RoutingConfig
+from raas.sandbox.layers import LayerPolicy
 from raas.sandbox.pool import PoolSettings
 
 __all__ = ["AGENT_ALIASES", "ServiceConfig", "agent_overrides"]
@@ -63,6 +64,10 @@ class ServiceConfig(BaseModel):
         description="How new trajectories pick an inference server (GRPO groups share a home by default)",
     )
     agent: AgentConfig = Field(default_factory=AgentConfig)
+    group_layers: LayerPolicy = Field(
+        default_factory=LayerPolicy,
+        description="Group-shared INIT (handlers that opt in): lifetime and disk budget of prepared layers",
+    )
 
     init_workers: Workers = Field(4, description=WORKERS_HELP)
     run_workers: Workers = Field(8, description=WORKERS_HELP)

@@ -68,6 +68,7 @@ class RolloutService:
             config, sandbox_manager=sandbox_manager, balancer=balancer, tokenizer=tokenizer, handlers=handlers
         )
         self.table = JobTable(self.ledger, self.bus, config.result_cache_size)
+        self.layers.group_pending = self.table.group_pending
         self.pauses = PauseClock()
         self.endings = Endings(self.layers, self.table, config.hook_timeout_s)
         self._auto_bounds = auto_worker_bounds(config)

@@ -145,6 +145,14 @@ class JobTable:
                     queued[stage] += 1
         return queued
 
+    def group_pending(self, groups: set[str], claimed: set[str]) -> bool:
+        """Does a job of one of ``groups``, not among the ``claimed`` job ids, still wait for or run INIT?
+        (Whether a group's shared layer may still be needed; one pass over the active jobs.)"""
+        return any(
+            a.status in ("queued", "init") and a.job_id not in claimed and a.job.group_key in groups
+            for a in self._active.values()
+        )
+
     # -- transitions -------------------------------------------------------------------------------------
 
     def publish(self, a: ActiveJob) -> None:

@@ -21,6 +21,7 @@ from raas.gateway import Gateway
 from raas.llm import ChatTokenizer, LLMBalancer
 from raas.pipeline.config import ServiceConfig, agent_config_for
 from raas.sandbox import SandboxConfig, SandboxManager, config_from_dict
+from raas.sandbox.layers import LayerStore
 from raas.tasks import verify
 from raas.tasks.base import JobSandboxes, TaskHandler
 from raas.tasks.registry import HandlerRegistry
@@ -58,6 +59,10 @@ class Layers:
         self._pools_configured = False
         self.init_backlog: Callable[[], int] = lambda: 0
         """Jobs waiting for an INIT worker (set by the service): warm pools grow with it."""
+        self.layer_store: LayerStore | None = None
+        """Prepared layers of group-shared INIT (built at start, removed at close)."""
+        self.group_pending: Callable[[set[str], set[str]], bool] | None = None
+        """Set by the service: does a job of these groups, not among these job ids, still wait for INIT?"""
 
     async def start(self) -> None:
         """Register ``extra_handlers`` and build what was not injected."""
@@ -71,6 +76,13 @@ class Layers:
         if pooled:
             self.sandbox_manager.pools.configure(self.config.warm_pool, pooled, backlog=self.init_backlog)
             self._pools_configured = True
+        if self.config.group_layers.enabled:
+            self.layer_store = await asyncio.to_thread(
+                LayerStore,
+                self.sandbox_manager.scratch_root / "layers",
+                self.config.group_layers,
+                pending=self.group_pending,
+            )
         if self.balancer is None:
             # Health checks run for the service's lifetime: a server marked unhealthy after a failed
             # request comes back once it answers again. ``close`` stops them and closes the client.
@@ -120,6 +132,9 @@ class Layers:
         if self._owns_manager and self.sandbox_manager is not None:
             with contextlib.suppress(Exception):
                 await self.sandbox_manager.close_all()
+        if self.layer_store is not None:
+            with contextlib.suppress(Exception):
+                await self.layer_store.close()
         if self._owns_balancer and self.balancer is not None:
             with contextlib.suppress(Exception):
                 await self.balancer.aclose()
@@ -175,7 +190,7 @@ class Layers:
         """A job's sandbox opener, with the service's default sandbox settings."""
         if self._sandbox_default is None:
             raise RaasError("the service has not started", kind="unavailable")
-        return JobSandboxes(self.manager, self._sandbox_default, job_id)
+        return JobSandboxes(self.manager, self._sandbox_default, job_id, self.layer_store)
 
     def llm_context(self, job: Job) -> LLMContext:
         """What a RUN stage gets: the balancer, the tokenizer and the agent settings with the job's

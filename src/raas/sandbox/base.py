@@ -121,6 +121,8 @@ class Sandbox(ABC):
     """One running sandbox: a tool server reachable over ``<run_dir>/tool.sock``."""
 
     backend_name: ClassVar[str] = ""
+    supports_seed: ClassVar[bool] = False
+    """The backend lays ``config.seed`` dirs over the image before the boot step copies them."""
     # Container backends run under a uid of their own when raas is root; local and docker do not.
     dedicated_identity: ClassVar[bool] = False
 
@@ -184,6 +186,18 @@ class Sandbox(ABC):
     def area_dir(self) -> Path:
         """Host dir that is the sandbox's writable area when ``root_writes="host"``."""
         return self.scratch / "rw"
+
+    def area_path(self, inner: str) -> Path | None:
+        """The host dir holding the sandbox's writable copy of ``inner`` (the workdir or one of
+        ``writable``) with ``root_writes="host"`` in a container backend; None otherwise."""
+        cfg = self.config
+        if cfg.root_writes != "host" or not self.supports_seed:
+            return None
+        if inner == cfg.workdir:
+            return self.area_dir / "ws"
+        if inner in cfg.writable:
+            return self.area_dir / f"w{cfg.writable.index(inner)}"
+        return None
 
     @property
     def log_path(self) -> Path:
@@ -272,6 +286,9 @@ class Sandbox(ABC):
         args += ["--bind", f"ws:{cfg.workdir}", "--populate", cfg.workdir]
         for i, path in enumerate(cfg.writable):
             args += ["--bind", f"w{i}:{path}", "--populate", path]
+        if not self.identity.dedicated:  # seeds are the service user's files: root inside, overlay-able
+            for dest in cfg.seed:
+                args += ["--overlay", dest]
         for dest in WRITABLE_DIRS:
             args += ["--bind-if", f"{dest.strip('/').replace('/', '-')}:{dest}"]
         args += ["--ptys", str(cfg.max_ptys), "--listen", f"{INNER_RUN}/{SOCKET_NAME}", "--readonly-rest"]

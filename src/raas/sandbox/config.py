@@ -66,6 +66,12 @@ class SandboxConfig(BaseModel):
         "(disk, not capped by disk_mb)",
     )
     extra_args: list[str] = Field(default_factory=list, description="extra runtime flags, backend-specific")
+    seed: dict[str, str] = Field(
+        default_factory=dict,
+        description="populated dir (the workdir or one of `writable`) -> host dir bound read-only over the "
+        "image there, so the sandbox's private writable copy is made from it instead of the image "
+        "(a prepared layer shared by a group of jobs; bwrap and apptainer)",
+    )
 
     @field_validator("binds")
     @classmethod
@@ -102,6 +108,16 @@ class SandboxConfig(BaseModel):
             if not p.startswith("/") or p.rstrip("/") in ("", "/.raas") or p.startswith("/.raas/"):
                 raise ValueError(f"writable dir {p!r} must be an absolute path outside /.raas")
         return v
+
+    @model_validator(mode="after")
+    def _seed_targets(self) -> SandboxConfig:
+        populated = {self.workdir.rstrip("/") or "/", *(w.rstrip("/") or "/" for w in self.writable)}
+        for dest, host in self.seed.items():
+            if dest.rstrip("/") not in populated:
+                raise ValueError(f"seed {dest!r} is neither the workdir nor one of the writable dirs")
+            if not host.startswith("/"):
+                raise ValueError(f"seed {dest!r}: {host!r} is not an absolute host path")
+        return self
 
     @field_validator("env")
     @classmethod

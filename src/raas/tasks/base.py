@@ -10,6 +10,10 @@ A handler sees a job in three stages, each run by its own worker pool:
 Optionally, :meth:`TaskHandler.prewarm_eval` starts what EVAL needs (a fresh sandbox) while RUN is still
 going; EVAL receives it as ``env.prewarmed``.
 
+Optionally, INIT work that is the same for every sample of a group runs once (:meth:`TaskHandler.shared_init_key`
+and :meth:`TaskHandler.group_share`; :mod:`raas.sandbox.layers`): the first sample prepares its sandbox and
+publishes it, the others start from a private copy of what it prepared.
+
 The pipeline owns lifetimes: every sandbox opened through ``env.sandboxes`` is closed on success, error,
 timeout and cancel, whatever the handler does.
 """
@@ -17,7 +21,9 @@ timeout and cancel, whatever the handler does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -25,6 +31,8 @@ from raas.agent.context import LLMContext
 from raas.core.jobs import Job
 from raas.core.policy import StagePolicy
 from raas.core.trajectory import EvalOutput, RunOutput
+from raas.sandbox.base import backend_class
+from raas.sandbox.layers import LayerStore, Share, layer_key
 
 if TYPE_CHECKING:
     from raas.sandbox import Sandbox, SandboxConfig, SandboxManager
@@ -36,6 +44,7 @@ __all__ = [
     "JobSandboxes",
     "LLMContext",
     "RunOutput",
+    "Share",
     "StagePolicy",
     "TaskHandler",
 ]
@@ -49,17 +58,60 @@ class JobSandboxes:
     error, timeout or cancel), so a handler can never leak a sandbox.
     """
 
-    def __init__(self, manager: SandboxManager, default: SandboxConfig, owner: str) -> None:
+    def __init__(
+        self,
+        manager: SandboxManager,
+        default: SandboxConfig,
+        owner: str,
+        layers: LayerStore | None = None,
+    ) -> None:
         self.manager = manager
         self.default = default
         self.owner = owner
+        self.layers = layers
+        """The service's prepared layers (None: no group sharing in this service)."""
         self._open: list[Sandbox] = []
+        self._shares: list[Share] = []
+
+    def config(self, **overrides: Any) -> SandboxConfig:
+        """The default sandbox settings with ``overrides`` applied."""
+        return self.default.model_copy(update=overrides) if overrides else self.default
 
     async def open(self, **overrides: Any) -> Sandbox:
-        config = self.default.model_copy(update=overrides) if overrides else self.default
-        sandbox = await self.manager.start(config, owner=self.owner)
+        sandbox = await self.manager.start(self.config(**overrides), owner=self.owner)
         self._open.append(sandbox)
+        seed = overrides.get("seed")
+        for share in self._shares:
+            if seed and share.seed == seed:
+                share.hold_while_open(sandbox)  # the layer stays while this sandbox lives
         return sandbox
+
+    @contextlib.asynccontextmanager
+    async def shared(self, key: str | None, *, group: str, **overrides: Any) -> AsyncIterator[Share]:
+        """This job's share of the environment prepared for ``key`` (see :mod:`raas.sandbox.layers`).
+
+        Inside the block: when ``share.shared``, open the sandbox with ``seed=share.seed`` (it starts as a
+        private copy of what the preparing job published; ``share.meta`` is what it published alongside);
+        otherwise prepare as usual and call ``await share.publish(sandbox, meta)`` before the policy may
+        touch the sandbox. Without a key, a layer store, or a backend that takes seeds, every job prepares
+        for itself (``publish`` does nothing). An error leaving the block while this job prepares fails
+        every job of the key (infrastructure: ``sandbox_start_failed``)."""
+        config = self.config(**overrides)
+        store = self.layers
+        if (
+            key is None
+            or store is None
+            or not store.policy.enabled
+            or not backend_class(config.backend).supports_seed
+        ):
+            yield Share(None, None, self.owner)
+            return
+        async with store.claim(layer_key(key, config), group=group, job_id=self.owner) as share:
+            self._shares.append(share)
+            try:
+                yield share
+            finally:
+                self._shares.remove(share)
 
     async def close_all(self) -> None:
         sandboxes, self._open = self._open, []
@@ -121,6 +173,20 @@ class TaskHandler(ABC):
         is still running then. The return value is EVAL's ``env.prewarmed``; EVAL waits for it (that wait
         counts as EVAL time). An exception is logged and EVAL gets None (and ``env.prewarm_error``)."""
         return None
+
+    def shared_init_key(self, job: Job) -> str | None:
+        """Opt-in to group-shared INIT: a key naming the preparation :meth:`init` does, equal for every job
+        whose prepared sandbox would be the same (e.g. the instance's image, commit and hidden paths); None
+        (the default) prepares every job on its own. :meth:`init` then wraps its preparation in
+        :meth:`group_share`. Jobs share a prepared layer only when their keys, images and populated dirs
+        are equal; the key need not name the group."""
+        return None
+
+    def group_share(self, job: Job, sandboxes: JobSandboxes, **overrides: Any) -> Any:
+        """``async with self.group_share(job, sandboxes, **overrides) as share:`` — the job's
+        :class:`~raas.sandbox.layers.Share` under :meth:`shared_init_key` (see :meth:`JobSandboxes.shared`);
+        ``overrides`` are the sandbox settings :meth:`init` opens its sandbox with."""
+        return sandboxes.shared(self.shared_init_key(job), group=job.group_key, **overrides)
 
     @classmethod
     def prewarms_eval(cls) -> bool:

@@ -8,7 +8,9 @@ nothing else. Before any user code exists, it uses them once, inside a new mount
 * **one size-limited tmpfs** (``--disk-mb``) holds every place the sandbox may write (``--bind NAME:DEST``:
   the working directory, ``/tmp``, ``/root``, ...), so ``df`` shows the cap and one sandbox cannot fill the
   host's disk or RAM; image directories named with ``--populate`` are copied into it first, so a working
-  directory that the image ships with content (a repository) stays usable and writable;
+  directory that the image ships with content (a repository) stays usable and writable; one named with
+  ``--overlay`` (a read-only prepared layer the host bound there) gets an overlayfs whose upper layer is
+  in the writable area instead of a copy, where the kernel allows it;
 * **a private devpts instance** with at most ``--ptys`` terminals, so one sandbox cannot use up the
   host's pseudo-terminals;
 * **the listening socket** is created here; then every mount but the writable area, /proc, /sys and the
@@ -169,6 +171,30 @@ def populate(src: str, dest: str) -> None:
                 shutil.copy2(s, d, follow_symlinks=False)
     except OSError as exc:
         raise SetupError("copying %s into the sandbox's writable area: %s" % (src, exc)) from None
+
+
+def overlay_writable(root: str, name: str, dest: str) -> bool:
+    """Stack a writable overlay on ``dest``: what ``dest`` holds now (a read-only layer) is the lower
+    layer, ``root/name`` the upper one, so nothing is copied and every write goes to the writable area.
+    False (nothing mounted) when the kernel refuses (no overlayfs in user namespaces, or files owned by a
+    uid this namespace does not map): the caller copies instead."""
+    try:
+        st = os.stat(dest)
+    except OSError:
+        return False
+    if st.st_uid != os.geteuid():  # a layer owned by another (unmapped) uid would fail every copy-up
+        return False
+    upper, work = os.path.join(root, name), os.path.join(root, "." + name + ".work")
+    _ensure_dir(upper, stat.S_IMODE(st.st_mode))
+    _ensure_dir(work, 0o700)
+    base = "lowerdir=%s,upperdir=%s,workdir=%s" % (dest, upper, work)
+    for options in (base + ",userxattr", base):  # user.* xattrs: overlayfs inside a user namespace
+        try:
+            mount("overlay", dest, "overlay", MS_NOSUID | MS_NODEV, options)
+            return True
+        except SetupError:
+            continue
+    return False
 
 
 def bind_writable(root: str, name: str, dest: str, populate_from_image: bool, optional: bool = False) -> bool:
@@ -371,6 +397,7 @@ class BootOptions:
         self.area = None  # type: Optional[str]
         self.binds = []  # type: List[Tuple[str, str, bool]]
         self.populate = []  # type: List[str]
+        self.overlay = []  # type: List[str]
         self.ptys = None  # type: Optional[int]
         self.listen = None  # type: Optional[str]
         self.readonly = []  # type: List[str]
@@ -409,6 +436,8 @@ def parse(argv: List[str]) -> Tuple[BootOptions, List[str]]:
                 opts.binds.append((name, dest, flag == "--bind-if"))
             elif flag == "--populate":
                 opts.populate.append(value)
+            elif flag == "--overlay":
+                opts.overlay.append(value)
             elif flag == "--ptys":
                 opts.ptys = int(value)
             elif flag == "--listen":
@@ -432,7 +461,9 @@ def setup(opts: BootOptions) -> Optional[int]:
         mount_writable_area(opts.area, opts.disk_mb)
         writable.append(opts.area)
         for name, dest, optional in opts.binds:
-            if bind_writable(opts.area, name, dest, dest in opts.populate, optional):
+            if dest in opts.overlay and overlay_writable(opts.area, name, dest):
+                writable.append(dest)
+            elif bind_writable(opts.area, name, dest, dest in opts.populate, optional):
                 writable.append(dest)
     if opts.ptys is not None:
         mount_devpts(opts.ptys)

@@ -31,6 +31,7 @@ class ApptainerSandbox(Sandbox):
 
     backend_name = "apptainer"
     dedicated_identity = True
+    supports_seed = True
     exe: str | None = None
     unshare: str | None = None
     rootfs: Path | None = None
@@ -54,7 +55,13 @@ class ApptainerSandbox(Sandbox):
         self.rootfs = ensure_sandbox_dir(self.config.image)
         ensure_mount_points(self.rootfs, [INNER_LIB, INNER_RUN, INNER_AREA, self.config.workdir])
         check_visible(
-            self, [self.rootfs, self.bundle_dir, *(Path(parse_bind(b)[0]) for b in self.config.binds)]
+            self,
+            [
+                self.rootfs,
+                self.bundle_dir,
+                *(Path(parse_bind(b)[0]) for b in self.config.binds),
+                *(Path(h) for h in self.config.seed.values()),
+            ],
         )
 
     def build_launch(self) -> LaunchSpec:
@@ -84,6 +91,8 @@ class ApptainerSandbox(Sandbox):
         for spec in cfg.binds:
             host, dest, ro = parse_bind(spec)
             argv += ["--bind", f"{host}:{dest}" + (":ro" if ro else "")]
+        for dest, host in cfg.seed.items():  # the boot step copies these instead of the image's dirs
+            argv += ["--bind", f"{host}:{dest}:ro"]
         argv += [*cfg.extra_args, str(self.rootfs or cfg.image)]
         argv += self.boot_command(
             cfg.python, self.container_boot_args(), f"{INNER_RUN}/{SOCKET_NAME}", cfg.workdir

@@ -73,6 +73,7 @@ class BwrapSandbox(Sandbox):
 
     backend_name = "bwrap"
     dedicated_identity = True
+    supports_seed = True
     exe: str | None = None
     rootfs: Path | None = None
 
@@ -88,7 +89,13 @@ class BwrapSandbox(Sandbox):
         dests = [parse_bind(b)[1] for b in self.config.binds]
         ensure_mount_points(self.rootfs, ["/.raas", self.config.workdir, *dests])
         check_visible(
-            self, [self.rootfs, self.bundle_dir, *(Path(parse_bind(b)[0]) for b in self.config.binds)]
+            self,
+            [
+                self.rootfs,
+                self.bundle_dir,
+                *(Path(parse_bind(b)[0]) for b in self.config.binds),
+                *(Path(h) for h in self.config.seed.values()),
+            ],
         )
 
     def build_launch(self) -> LaunchSpec:
@@ -99,6 +106,8 @@ class BwrapSandbox(Sandbox):
         argv += ["--unshare-user", "--disable-userns", "--die-with-parent", "--new-session", "--as-pid-1"]
         argv += ["--uid", "0", "--gid", "0", "--hostname", "raas", "--cap-add", "ALL"]
         argv += ["--ro-bind", str(self.rootfs or cfg.image), "/", "--proc", "/proc", "--dev", "/dev"]
+        for dest, host in cfg.seed.items():  # the boot step copies these instead of the image's dirs
+            argv += ["--ro-bind", host, dest]
         argv += ["--tmpfs", "/.raas", "--dir", INNER_AREA, "--dir", INNER_LIB, "--dir", INNER_RUN]
         argv += ["--ro-bind", str(self.bundle_dir), INNER_LIB, "--bind", str(self.run_dir), INNER_RUN]
         if cfg.root_writes == "host":

@@ -53,6 +53,12 @@ class SweConfig(BaseModel):
     starts_per_image: int = Field(4, ge=1, description="sandboxes of one image starting at once")
     starts_per_node: int = Field(16, ge=1, description="sandboxes of this handler starting at once")
     prewarm: bool = Field(True, description="start EVAL's fresh sandbox while RUN is still going")
+    share_init: bool = Field(
+        False,
+        description="samples of one instance share INIT's repository preparation (the service's "
+        "group_layers): one throwaway sandbox prepares, every sample starts from the prepared layer; "
+        "off by default: on the measured instances it costs more than it saves (README)",
+    )
 
     tmpfs_max_repo_mb: float = Field(
         300.0,

@@ -2,7 +2,9 @@
 
 * INIT: the instance's image (converted once into the image cache; starts gated per image and per node),
   a sandbox whose workdir (``/testbed``) is a private writable copy of the image's repository, brought to
-  the base commit with a clean tree; hidden paths removed.
+  the base commit with a clean tree; hidden paths removed. That preparation is shared by the samples of
+  one instance (:meth:`~raas.tasks.base.TaskHandler.shared_init_key`): the first prepares and publishes
+  it, the others start from private copies of the prepared dirs (:mod:`raas.sandbox.layers`).
 * RUN: the agent (bash, the editor, submit; IPython optional) with a prompt built from the problem
   statement. When it ends, the patch (``git diff --binary`` against the base commit, without the files the
   hidden test patch writes) is taken from the RUN sandbox, before the pipeline closes it, and returned as
@@ -15,6 +17,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import threading
 import time
 from typing import Any, ClassVar
@@ -32,7 +36,7 @@ from .evaluation import Verdict, evaluate_task
 from .images import SWE_SOURCES, ImageGates, gates_for_loop, image_reference
 from .instance import SweTask, parse_task
 from .patch import extract_patch
-from .workspace import prepare_repo
+from .workspace import RepoState, prepare_repo
 
 _warm = threading.Event()
 
@@ -126,25 +130,58 @@ class SweHandler(TaskHandler):
             "command_timeout_s": s.command_timeout_s,
         }
 
-    async def _open(self, task: SweTask, sandboxes: JobSandboxes, *, hide: bool) -> Sandbox:
-        ref, overrides = await self._overrides(task, sandboxes, hide=hide)
+    async def _open(
+        self, task: SweTask, sandboxes: JobSandboxes, *, hide: bool, overrides: dict[str, Any] | None = None
+    ) -> Sandbox:
+        if overrides is None:
+            ref, overrides = await self._overrides(task, sandboxes, hide=hide)
+        else:
+            ref = image_reference(task, self.settings.image_template)
         async with self._gates().start_slot(ref):
             return await sandboxes.open(**overrides)
 
     # -- stages ----------------------------------------------------------------------------------------
 
+    def shared_init_key(self, job: Job) -> str | None:
+        """INIT's preparation depends on the image (part of every layer's key), the base commit, the
+        workdir and the hidden paths: samples of one instance share it."""
+        if not self.settings.share_init:
+            return None
+        task = parse_task(job.instance)
+        return json.dumps(["swe-init-1", task.base_commit, task.workdir, sorted(task.hidden_paths)])
+
     async def init(self, job: Job, sandboxes: JobSandboxes) -> Env:
         task = parse_task(job.instance)
-        sandbox = await self._open(task, sandboxes, hide=True)
+        _, overrides = await self._overrides(task, sandboxes, hide=True)
+        async with self.group_share(job, sandboxes, **overrides) as share:
+            if share.preparing:  # in a throwaway sandbox on disk, copied from the host, then closed
+                prep = await self._open(
+                    task, sandboxes, hide=True, overrides={**overrides, "root_writes": "host"}
+                )
+                try:
+                    state = await prepare_repo(
+                        prep, task.workdir, task.base_commit, hidden=task.hidden_paths, stage="init"
+                    )
+                    await share.publish(prep, dataclasses.asdict(state))
+                finally:
+                    await prep.close()
+            if share.shared:
+                sandbox = await self._open(
+                    task, sandboxes, hide=True, overrides={**overrides, "seed": share.seed}
+                )
+                state = RepoState(**share.meta)
+            else:  # no sharing in this service
+                sandbox = await self._open(task, sandboxes, hide=True, overrides=overrides)
+                state = await prepare_repo(
+                    sandbox, task.workdir, task.base_commit, hidden=task.hidden_paths, stage="init"
+                )
         env = Env(job=job, sandboxes=sandboxes, sandbox=sandbox)
-        state = await prepare_repo(
-            sandbox, task.workdir, task.base_commit, hidden=task.hidden_paths, stage="init"
-        )
         env.data.update(task=task, base=state.base)
         env.data["init"] = {
             "reset": state.reset,
             "excluded_untracked": len(state.excluded),
             "hidden": state.hidden,
+            "shared": share.shared,
         }
         return env
 

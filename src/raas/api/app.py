@@ -17,14 +17,14 @@ from fastapi import FastAPI
 from raas.api import errors, native, prorl
 from raas.api.limits import HttpLimits, fit_to_fd_limit, guarded_protocol
 from raas.api.middleware import GuardMiddleware
+from raas.api.protocol import Served
 from raas.errors import RaasError
 from raas.pipeline.config import ServiceConfig
-from raas.pipeline.service import RolloutService
 
 log = logging.getLogger("raas.api")
 
 
-def create_app(service: RolloutService, *, manage_service: bool = True) -> FastAPI:
+def create_app(service: Served, *, manage_service: bool = True) -> FastAPI:
     """An app serving ``service``. With ``manage_service`` the app starts the service on startup and shuts
     it down (gracefully, ``shutdown_grace_s``) when the server stops."""
 
@@ -65,9 +65,7 @@ class _Server(uvicorn.Server):
     connection would hold the server's graceful shutdown for its whole timeout). Without
     ``handle_signals`` it installs no signal handlers: its owner decides when it stops."""
 
-    def __init__(
-        self, config: uvicorn.Config, service: RolloutService, *, handle_signals: bool = True
-    ) -> None:
+    def __init__(self, config: uvicorn.Config, service: Served, *, handle_signals: bool = True) -> None:
         super().__init__(config)
         self._service = service
         self._handle_signals = handle_signals
@@ -163,7 +161,7 @@ def listen_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 
 
 async def serve(
-    service: RolloutService, *, host: str | None = None, port: int | None = None, log_level: str = "info"
+    service: Served, *, host: str | None = None, port: int | None = None, log_level: str = "info"
 ) -> None:
     """Serve ``service`` over HTTP until SIGINT/SIGTERM, then shut it down gracefully.
 
@@ -184,7 +182,7 @@ async def serve(
 
 @asynccontextmanager
 async def served(
-    service: RolloutService,
+    service: Served,
     *,
     host: str = "127.0.0.1",
     port: int = 0,

@@ -8,7 +8,11 @@ real sandbox (a tool server process) on its node.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -24,7 +28,7 @@ from raas.api import served
 from raas.cluster import ray_nodes
 from raas.cluster.router import ClusterRouter, RouterSettings
 from raas.pipeline.config import ServiceConfig
-from tests.cluster.raycluster import LocalRayCluster
+from tests.cluster.raycluster import LocalRayCluster, free_port
 from tests.doubles.scripted_llm import ScriptedLLM, fixed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -240,6 +244,51 @@ async def test_router_restart_on_the_same_ledger_continues(
         async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as http:
             res = await results_of(http, ids)
     assert {r["status"] for r in res.values()} == {"completed"}
+
+
+async def test_cli_status_and_router(cluster: tuple[LocalRayCluster, dict[str, Any]], tmp_path: Path) -> None:
+    c, info = cluster
+    cli = [sys.executable, "-m", "raas.cli", "cluster"]
+    where = ["--address", c.address, "--node-ip", c.head_ip]
+    st = await asyncio.to_thread(
+        subprocess.run,
+        [*cli, "status", *where, "--json"],
+        env=c.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert st.returncode == 0, st.stderr
+    nodes = json.loads(st.stdout)["nodes"]
+    assert sorted(n["url"] for n in nodes) == sorted(p.url for p in info["placed"])
+    assert all(n["alive"] and n["capacity"] == 2 for n in nodes)
+    port = free_port()
+    env = {**c.env, "RAAS_HOME": str(tmp_path)}
+    log = tmp_path / "router.log"
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            *cli, "router", *where, "--port", str(port), env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", timeout=30, trust_env=False
+        ) as http:
+            deadline = time.monotonic() + 120
+            while True:
+                assert proc.returncode is None, log.read_text()
+                with contextlib.suppress(httpx.TransportError):
+                    if (await http.get("/status")).json().get("nodes"):
+                        break
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.5)
+            r = await http.post("/v1/jobs", json=job(800))
+            assert r.status_code == 202, r.text
+            assert (await results_of(http, [r.json()["job_id"]]))[r.json()["job_id"]]["status"] == "completed"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(proc.wait(), 60)
+    assert code == 0
+    assert (tmp_path / "router" / "ledger.sqlite3").exists()
 
 
 async def test_node_killed_mid_run_jobs_finish_elsewhere(

@@ -296,26 +296,29 @@ class ClusterRouter:
         log.warning("raas node %s lost (%s): %d jobs to move", node.node_id[:12], reason, len(moved))
         if moved:
             self._lost_jobs.setdefault(node.node_id, set()).update(moved)
-        now = time.time()
         for job_id in moved:
             t = self.jobs.get(job_id)
             if t is None or t.claimed:
                 continue
-            t.node = None
-            t.moves += 1
-            if t.moves > self.settings.max_moves:
-                err = ErrorInfo(
-                    stage="router",
-                    kind="interrupted",
-                    message=f"lost with {t.moves} nodes in a row (last: {node.node_id[:12]}: {reason})",
-                )
-                await self._finish_here(t, "failed", err)
-                continue
-            t.set_status("queued", now)
-            t.info = t.info.model_copy(update={"attempts": t.moves + 1})
-            self.ledger.transition(job_id, "queued", now, f"moved: node {node.node_id} lost ({reason})")
-            self.bus.publish(JobEvent(job_id=job_id, status="queued", at=now))
-            self.queue.append(job_id)
+            self._requeue(t, f"node {node.node_id} lost ({reason})")
+
+    def _requeue(self, t: Tracked, why: str) -> None:
+        """Back to the queue for another node, or failed once it has been moved ``max_moves`` times."""
+        t.node = None
+        t.moves += 1
+        if t.moves > self.settings.max_moves:
+            err = ErrorInfo(
+                stage="router", kind="interrupted", message=f"moved {t.moves - 1} times; last: {why}"
+            )
+            self._spawn(self._finish_here(t, "failed", err), "raas-router-give-up")
+            return
+        now = time.time()
+        t.set_status("queued", now)
+        t.info = t.info.model_copy(update={"attempts": t.moves + 1})
+        self.ledger.transition(t.job_id, "queued", now, f"moved: {why}")
+        self.bus.publish(JobEvent(job_id=t.job_id, status="queued", at=now))
+        self.queue.append(t.job_id)
+        self._wake.set()
 
     # -- following a node ------------------------------------------------------------------------------
 
@@ -390,8 +393,15 @@ class ClusterRouter:
             log.info("could not fetch the result of %s from %s: %s", job_id, node.url, exc)
             return
         t = self.jobs.get(job_id)
-        if result is not None and t is not None:
-            await self._deliver(t, result, node.node_id)
+        if result is None or t is None:
+            return
+        if result.error is not None and result.error.kind == "interrupted" and result.error.stage != "router":
+            # The node shut down (or restarted) under the job: not the job's outcome; run it elsewhere.
+            if t.node == node.node_id and not t.claimed:
+                node.jobs.discard(job_id)
+                self._requeue(t, f"node {node.node_id} interrupted it ({result.error.message})")
+            return
+        await self._deliver(t, result, node.node_id)
 
     async def _deliver(self, t: Tracked, result: JobResult, node_id: str | None) -> None:
         """Record ``result`` as the job's one result (the first to arrive wins)."""

@@ -59,7 +59,7 @@ def connect(address: str = "auto", *, node_ip: str | None = None) -> None:
         ) from exc
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=64)
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=64)  # type: ignore[call-overload]
 class NodeService:
     """A raas service on one Ray node (an async actor: the service and its HTTP server run on the actor's
     event loop). ``start`` returns once it listens; killing the actor's process ends the service and, by

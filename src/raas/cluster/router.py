@@ -24,13 +24,15 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import httpx
 from prometheus_client import CollectorRegistry
 
+from raas.cluster.follow import NodeFollowing
+from raas.cluster.llm import LLMAssignment
 from raas.cluster.nodes import NodeClient, NodeError, NodeRecord, NodeSource
+from raas.cluster.state import NodeState, RouterSettings, Tracked
 from raas.core.jobs import (
     ErrorInfo,
     Job,
@@ -40,11 +42,9 @@ from raas.core.jobs import (
     JobResult,
     JobStatus,
     SubmitResponse,
-    Timing,
     is_terminal,
     new_job_id,
 )
-from raas.core.placement import plan_llm_assignment
 from raas.errors import RaasError
 from raas.pipeline.admission import NotAccepting, Overloaded
 from raas.pipeline.config import ServiceConfig
@@ -54,61 +54,7 @@ from raas.pipeline.ledger import Ledger
 log = logging.getLogger("raas.cluster.router")
 
 
-@dataclass
-class RouterSettings:
-    """How the router watches its nodes."""
-
-    poll_s: float = 1.0  # how often it asks the node source for the membership
-    node_deadline_s: float = 15.0  # unreachable this long (while Ray still lists it) = lost
-    max_moves: int = 3  # how many node losses one job may survive
-    submit_wait_s: float = 10.0  # how long submit waits for the first hand-over (its errors are the caller's)
-
-
-@dataclass
-class Tracked:
-    """An unfinished job the router owns."""
-
-    job_id: str
-    request: dict[str, Any]
-    info: JobInfo
-    node: str | None = None
-    tried: set[str] = field(default_factory=set)
-    moves: int = 0
-    sent: asyncio.Event = field(default_factory=asyncio.Event)
-    send_error: RaasError | None = None
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    claimed: bool = False  # a result is being recorded
-    result: JobResult | None = None
-
-    def set_status(self, status: str, at: float) -> None:
-        self.info = self.info.model_copy(update={"status": status, "updated_at": at})
-
-
-@dataclass
-class NodeState:
-    record: NodeRecord
-    client: NodeClient
-    jobs: set[str] = field(default_factory=set)
-    connected: bool = False
-    unreachable_since: float | None = None
-    full_until: float = 0.0
-    draining: bool = False
-    llm: set[str] = field(default_factory=set)
-    follower: asyncio.Task[None] | None = None
-
-    @property
-    def node_id(self) -> str:
-        return self.record.node_id
-
-    @property
-    def url(self) -> str:
-        return self.record.url or ""
-
-    def load(self) -> float:
-        return len(self.jobs) / max(1, self.record.capacity)
-
-
-class ClusterRouter:
+class ClusterRouter(NodeFollowing):
     """See the module docstring. ``config`` is a :class:`ServiceConfig` for the router itself (its state
     dir holds the router's ledger; ``max_pending``, HTTP limits and the API token apply to it)."""
 
@@ -128,9 +74,7 @@ class ClusterRouter:
         self.queue: list[str] = []  # unassigned jobs, in arrival order
         self.finished: dict[str, int] = {}
         self._lost_jobs: dict[str, set[str]] = {}  # node id -> jobs moved away from it
-        self._llm: dict[str, tuple[str | None, str]] = {}  # address -> (weight_version, kind)
-        self._llm_lock = asyncio.Lock()
-        self._paused = False
+        self.llm = LLMAssignment(lambda: list(self.nodes.values()))
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._accepting = False
@@ -270,8 +214,8 @@ class ClusterRouter:
                 changed = True
         if changed:
             self._wake.set()
-            if self._llm:
-                self._spawn(self._sync_llm(), "raas-router-llm-sync")
+            if self.llm:
+                self._spawn(self.llm.sync(), "raas-router-llm-sync")
 
     def _add(self, rec: NodeRecord) -> None:
         assert rec.url is not None
@@ -319,140 +263,6 @@ class ClusterRouter:
         self.bus.publish(JobEvent(job_id=t.job_id, status="queued", at=now))
         self.queue.append(t.job_id)
         self._wake.set()
-
-    # -- following a node ------------------------------------------------------------------------------
-
-    async def _follow(self, node: NodeState) -> None:
-        """Follow ``node``'s event stream for as long as it is a member, reconnecting with backoff."""
-        backoff = 0.2
-        while True:
-            try:
-                async for event in node.client.events(on_open=lambda: self._opened(node)):
-                    backoff = 0.2
-                    await self._on_event(node, event)
-            except asyncio.CancelledError:
-                raise
-            except (httpx.HTTPError, NodeError) as exc:
-                log.debug("event stream of %s broke: %s", node.url, exc)
-            except Exception:
-                log.exception("event stream of %s failed", node.url)
-            if node.connected:
-                node.connected = False
-                node.unreachable_since = time.monotonic()
-            await asyncio.sleep(backoff)
-            backoff = min(2.0, backoff * 2)
-
-    def _opened(self, node: NodeState) -> None:
-        """The stream is open: from now on no event is missed, so ask the node about its jobs once."""
-        node.connected = True
-        node.unreachable_since = None
-        self._spawn(self._reconcile(node), f"raas-router-reconcile-{node.node_id[:12]}")
-        self._wake.set()
-
-    async def _reconcile(self, node: NodeState) -> None:
-        """Ask ``node`` about every job it holds for the router: pick up results missed while the stream
-        was down, and re-queue jobs it does not know (it lost its ledger)."""
-        for job_id in sorted(node.jobs):
-            t = self.jobs.get(job_id)
-            if t is None or t.claimed:
-                continue
-            try:
-                info = await node.client.get(job_id)
-            except NodeError as exc:
-                if exc.kind == "not_found" and self.nodes.get(node.node_id) is node:
-                    node.jobs.discard(job_id)
-                    t.node = None
-                    self.queue.append(job_id)
-                    self._wake.set()
-                continue
-            except httpx.HTTPError:
-                return
-            if is_terminal(info.status):
-                await self._fetch_result(node, job_id)
-            elif info.status != t.info.status:
-                self._record_status(t, info.status, info.updated_at)
-
-    async def _on_event(self, node: NodeState, event: JobEvent) -> None:
-        t = self.jobs.get(event.job_id)
-        if t is None or t.claimed or node.node_id not in t.tried:
-            return
-        if is_terminal(event.status):
-            self._spawn(self._fetch_result(node, event.job_id), "raas-router-result")
-        elif t.node == node.node_id:
-            self._record_status(t, event.status, event.at)
-
-    def _record_status(self, t: Tracked, status: str, at: float) -> None:
-        t.set_status(status, at)
-        self.ledger.transition(t.job_id, status, at)
-        self.bus.publish(JobEvent(job_id=t.job_id, status=cast(JobStatus, status), at=at))
-
-    async def _fetch_result(self, node: NodeState, job_id: str) -> None:
-        try:
-            result = await node.client.result(job_id)
-        except (httpx.HTTPError, NodeError) as exc:
-            log.info("could not fetch the result of %s from %s: %s", job_id, node.url, exc)
-            return
-        t = self.jobs.get(job_id)
-        if result is None or t is None:
-            return
-        if result.error is not None and result.error.kind == "interrupted" and result.error.stage != "router":
-            # The node shut down (or restarted) under the job: not the job's outcome; run it elsewhere.
-            if t.node == node.node_id and not t.claimed:
-                node.jobs.discard(job_id)
-                self._requeue(t, f"node {node.node_id} interrupted it ({result.error.message})")
-            return
-        await self._deliver(t, result, node.node_id)
-
-    async def _deliver(self, t: Tracked, result: JobResult, node_id: str | None) -> None:
-        """Record ``result`` as the job's one result (the first to arrive wins)."""
-        if t.claimed:
-            return
-        t.claimed = True  # a second copy's result arriving while this one is written is ignored
-        now = time.time()
-        await self.ledger.finish(result, now)
-        t.result = result
-        t.set_status(result.status, now)
-        t.done.set()
-        self.jobs.pop(t.job_id, None)
-        with contextlib.suppress(ValueError):
-            self.queue.remove(t.job_id)
-        for node in self.nodes.values():
-            node.jobs.discard(t.job_id)
-        self.finished[result.status] = self.finished.get(result.status, 0) + 1
-        self.bus.publish(
-            JobEvent(
-                job_id=t.job_id,
-                status=result.status,
-                at=now,
-                reward=result.reward,
-                filter=result.filter,
-                error=result.error,
-            )
-        )
-        others = t.tried - {node_id} if node_id else t.tried
-        for other in others:
-            copy_node = self.nodes.get(other)
-            if copy_node is not None:
-                self._spawn(self._cancel_copies(copy_node, {t.job_id}), "raas-router-cancel-copy")
-        self._wake.set()
-
-    async def _cancel_copies(self, node: NodeState, job_ids: set[str]) -> None:
-        for job_id in sorted(job_ids):
-            with contextlib.suppress(httpx.HTTPError, NodeError):
-                await node.client.cancel(job_id)
-
-    async def _finish_here(self, t: Tracked, status: str, error: ErrorInfo) -> None:
-        """A result the router writes itself (a job that never got to run anywhere)."""
-        result = JobResult(
-            job_id=t.job_id,
-            instance_id=t.info.instance_id,
-            trajectory_id=t.info.trajectory_id,
-            status=cast(Any, status),
-            error=error,
-            filter=True,
-            timing=Timing(total_s=max(0.0, time.time() - t.info.created_at)),
-        )
-        await self._deliver(t, result, None)
 
     # -- placement -------------------------------------------------------------------------------------
 
@@ -514,10 +324,10 @@ class ClusterRouter:
                     node.draining = True
                 elif exc.status in (400, 413, 422):
                     t.send_error = RaasError(exc.message, kind="bad_request", stage="api")
-                    t.sent.set()
                     await self._finish_here(
                         t, "failed", ErrorInfo(stage="api", kind="bad_request", message=exc.message)
                     )
+                    t.sent.set()  # after the result is recorded: the caller's 400 finds it there
                     return True
                 skip.add(node.node_id)
                 continue
@@ -705,75 +515,29 @@ class ClusterRouter:
             "finished": dict(self.finished),
             "llm_servers": self.llm_servers(),
             "llm_available": True,
-            "llm_paused": self._paused,
+            "llm_paused": self.llm.paused,
             "unassigned": len(self.queue),
             "nodes": self.node_table(),
         }
 
-    # -- inference servers: node-aware assignment ----------------------------------------------------------
+    # -- inference servers (see raas.cluster.llm) ------------------------------------------------------
 
     def llm_servers(self) -> list[dict[str, Any]]:
-        where: dict[str, list[str]] = {}
-        for n in self.nodes.values():
-            for a in n.llm:
-                where.setdefault(a, []).append(n.node_id)
-        return [
-            {"address": a, "weight_version": v, "kind": k, "nodes": sorted(where.get(a, []))}
-            for a, (v, k) in self._llm.items()
-        ]
+        return self.llm.servers()
 
     async def add_llm_server(
         self, address: str, *, weight_version: str | None = None, kind: str = "auto"
     ) -> None:
-        """Attach ``address`` to the node on its host (else the node with the fewest servers); re-adding
-        one updates its weight version on the nodes that use it."""
-        self._llm[address.rstrip("/")] = (weight_version, kind)
-        await self._sync_llm(update=address.rstrip("/"))
+        await self.llm.add(address, weight_version=weight_version, kind=kind)
 
     async def remove_llm_server(self, address: str) -> None:
-        if address.rstrip("/") not in self._llm:
-            raise RaasError(f"no LLM server {address!r}", kind="not_found", stage="api")
-        del self._llm[address.rstrip("/")]
-        await self._sync_llm()
+        await self.llm.remove(address)
 
     async def clear_llm_servers(self) -> None:
-        self._llm.clear()
-        await self._sync_llm()
-
-    async def _sync_llm(self, update: str | None = None) -> None:
-        """Bring every node's servers to the plan of :func:`raas.core.placement.plan_llm_assignment`."""
-        async with self._llm_lock:
-            nodes = {n.url: n for n in self.nodes.values() if n.url}
-            plan = plan_llm_assignment(sorted(nodes), list(self._llm))
-            for url, node in nodes.items():
-                want = set(plan.get(url, []))
-                try:
-                    for address in sorted(node.llm - want):
-                        await node.client.remove_llm_server(address)
-                        node.llm.discard(address)
-                    for address in plan.get(url, []):
-                        if address in node.llm and address != update:
-                            continue
-                        version, kind = self._llm[address]
-                        await node.client.add_llm_server(address, weight_version=version, kind=kind)
-                        node.llm.add(address)
-                except (httpx.HTTPError, NodeError) as exc:
-                    log.warning("could not update the LLM servers of %s: %s", url, exc)
+        await self.llm.clear()
 
     async def pause_llm(self) -> None:
-        """Pause every node's generate calls (weight sync): returns once all in-flight calls finished."""
-        self._paused = True
-        await self._fan_out("pause_llm")
+        await self.llm.pause()
 
     async def resume_llm(self) -> None:
-        self._paused = False
-        await self._fan_out("resume_llm")
-
-    async def _fan_out(self, op: str) -> None:
-        nodes = list(self.nodes.values())
-        outcomes = await asyncio.gather(*(getattr(n.client, op)() for n in nodes), return_exceptions=True)
-        for node, outcome in zip(nodes, outcomes, strict=True):
-            if isinstance(outcome, NodeError):
-                raise RaasError(f"{op} on {node.url}: {outcome.message}", kind=outcome.kind, stage="api")
-            if isinstance(outcome, BaseException):
-                log.warning("%s on %s failed: %s", op, node.url, outcome)
+        await self.llm.resume()

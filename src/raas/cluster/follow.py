@@ -65,6 +65,7 @@ class NodeFollowing:
     def _opened(self, node: NodeState) -> None:
         """The stream is open: from now on no event is missed, so ask the node about its jobs once."""
         node.connected = True
+        node.draining = False
         node.unreachable_since = None
         self._spawn(self._reconcile(node), f"raas-router-reconcile-{node.node_id[:12]}")
         self._wake.set()

@@ -266,13 +266,9 @@ class ClusterRouter(NodeFollowing):
 
     # -- placement -------------------------------------------------------------------------------------
 
-    def _pick(self, exclude: set[str] | None = None) -> NodeState | None:
+    def _pick(self) -> NodeState | None:
         now = time.monotonic()
-        ready = [
-            n
-            for n in self.nodes.values()
-            if n.connected and not n.draining and n.full_until <= now and n.node_id not in (exclude or ())
-        ]
+        ready = [n for n in self.nodes.values() if n.connected and not n.draining and n.full_until <= now]
         return min(ready, key=lambda n: (n.load(), len(n.jobs), n.node_id)) if ready else None
 
     async def _dispatch_loop(self) -> None:
@@ -286,6 +282,8 @@ class ClusterRouter(NodeFollowing):
                 log.exception("dispatch failed")
 
     async def _dispatch(self) -> None:
+        """Hand queued jobs out, highest priority first: each is reserved on its node at once (so the
+        next pick sees the load) and sent in a task of its own (hand-overs run in parallel)."""
         while self.queue:
             order = sorted(range(len(self.queue)), key=lambda i: (-self._priority(self.queue[i]), i))
             job_id = self.queue[order[0]]
@@ -293,57 +291,60 @@ class ClusterRouter(NodeFollowing):
             if t is None or t.claimed or t.node is not None:
                 self.queue.remove(job_id)
                 continue
-            if not await self._place(t):
+            node = self._pick()
+            if node is None:
                 return  # no node can take it now; woken again by a result, a node or the 1 s tick
-            with contextlib.suppress(ValueError):
-                self.queue.remove(job_id)
+            self.queue.remove(job_id)
+            t.node = node.node_id
+            t.tried.add(node.node_id)
+            node.jobs.add(job_id)
+            self._spawn(self._send(t, node), "raas-router-send")
 
     def _priority(self, job_id: str) -> int:
         t = self.jobs.get(job_id)
         return t.info.priority if t is not None else 0
 
-    async def _place(self, t: Tracked) -> bool:
-        """Hand ``t`` to the least-loaded node that takes it. False when none can now; True when it went
-        somewhere or ended (a node refused it as invalid)."""
-        skip: set[str] = set()
-        while (node := self._pick(skip)) is not None:
-            request = {**t.request, "job_id": t.job_id}
-            try:
-                accepted = await node.client.submit(request)
-            except httpx.HTTPError as exc:
-                log.info("node %s unreachable on submit: %s", node.url, exc)
-                if node.connected:
-                    node.connected = False
-                    node.unreachable_since = time.monotonic()
-                skip.add(node.node_id)
-                continue
-            except NodeError as exc:
-                if exc.status == 429:
-                    node.full_until = time.monotonic() + 0.5
-                elif exc.status == 503:
-                    node.draining = True
-                elif exc.status in (400, 413, 422):
-                    t.send_error = RaasError(exc.message, kind="bad_request", stage="api")
-                    await self._finish_here(
-                        t, "failed", ErrorInfo(stage="api", kind="bad_request", message=exc.message)
-                    )
-                    t.sent.set()  # after the result is recorded: the caller's 400 finds it there
-                    return True
-                skip.add(node.node_id)
-                continue
-            if t.claimed:  # cancelled meanwhile
-                self._spawn(self._cancel_copies(node, {t.job_id}), "raas-router-cancel-copy")
-                return True
-            t.node = node.node_id
-            t.tried.add(node.node_id)
-            node.jobs.add(t.job_id)
-            now = time.time()
-            self.ledger.transition(t.job_id, "queued", now, f"node {node.node_id} {node.url}")
-            t.sent.set()
-            if is_terminal(accepted.status):  # it finished there before (an earlier run of this router)
-                self._spawn(self._fetch_result(node, t.job_id), "raas-router-result")
-            return True
-        return False
+    def _unassign(self, t: Tracked, node: NodeState) -> None:
+        """Undo a reservation whose hand-over failed: the job goes back to the front of the queue."""
+        node.jobs.discard(t.job_id)
+        if t.node == node.node_id and not t.claimed:
+            t.node = None
+            self.queue.insert(0, t.job_id)
+        self._wake.set()
+
+    async def _send(self, t: Tracked, node: NodeState) -> None:
+        try:
+            accepted = await node.client.submit({**t.request, "job_id": t.job_id})
+        except httpx.HTTPError as exc:
+            log.info("node %s unreachable on submit: %s", node.url, exc)
+            if node.connected:
+                node.connected = False
+                node.unreachable_since = time.monotonic()
+            self._unassign(t, node)
+            return
+        except NodeError as exc:
+            if exc.status in (400, 413, 422):
+                node.jobs.discard(t.job_id)
+                t.send_error = RaasError(exc.message, kind="bad_request", stage="api")
+                err = ErrorInfo(stage="api", kind="bad_request", message=exc.message)
+                await self._finish_here(t, "failed", err)
+                t.sent.set()  # after the result is recorded: the caller's 400 finds it there
+                return
+            if exc.status == 503:
+                node.draining = True  # shutting down; cleared when its stream opens again
+            else:  # 429 (full) or an error of the node's own: give it a moment
+                node.full_until = time.monotonic() + 0.5
+            self._unassign(t, node)
+            return
+        if t.claimed or t.node != node.node_id or self.nodes.get(node.node_id) is not node:
+            # Cancelled, finished or moved while the hand-over was in flight: stop this copy.
+            node.jobs.discard(t.job_id)
+            self._spawn(self._cancel_copies(node, {t.job_id}), "raas-router-cancel-copy")
+            return
+        self.ledger.transition(t.job_id, "queued", time.time(), f"node {node.node_id} {node.url}")
+        t.sent.set()
+        if is_terminal(accepted.status):  # it finished there before (an earlier run of this router)
+            self._spawn(self._fetch_result(node, t.job_id), "raas-router-result")
 
     # -- jobs (the Served protocol) --------------------------------------------------------------------
 

@@ -9,7 +9,8 @@ constant reward. With N nodes the cluster has N times the inference capacity, so
 N times that of one node; ``efficiency = throughput(N) / (N * throughput(1))``.
 
 All Ray nodes run on this machine (each its own ``ray start`` on its own loopback address), so the
-router, every node service and every policy server share its cores: the load average is reported.
+router (a process of its own, as in a real deployment), every node service, every policy server and the
+client share its cores: the load average is reported.
 
 Router added latency: per job, the time from submit (at the client) to the router's terminal event (at
 the client) minus the node's own ``timing.total_s`` (accept to end on the node) — what the front door
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -173,16 +175,26 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         llms = [start_llm(h, args, c.env) for h in hosts]
         try:
             for n in args.nodes:
-                chosen = set(hosts[:n])
-                router = ClusterRouter(
-                    ServiceConfig(state_dir=Path(tmp) / f"router-{n}", max_pending=100_000),
-                    FirstNodes(ray_nodes.RayNodeSource(c.address, node_ip=c.head_ip), chosen),
-                    RouterSettings(poll_s=1.0),
-                )
-                async with served(router) as url:
-                    while sum(1 for x in router.node_table() if x["healthy"]) < n:  # noqa: ASYNC110
-                        await asyncio.sleep(0.1)
+                chosen = sorted(hosts[:n])
+                port = free_port()
+                log = Path(tmp) / f"router-{n}.log"
+                with log.open("wb") as router_out:
+                    router = await asyncio.create_subprocess_exec(
+                        sys.executable, __file__, "--serve-router", ",".join(chosen), "--address", c.address,
+                        "--node-ip", c.head_ip, "--port", str(port), "--state-dir", str(Path(tmp) / f"router-{n}"),
+                        env=c.env, stdout=router_out, stderr=subprocess.STDOUT,
+                    )  # fmt: skip
+                url = f"http://127.0.0.1:{port}"
+                try:
                     async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as http:
+                        while True:
+                            if router.returncode is not None:
+                                raise RuntimeError(f"router exited: {log.read_text()[-3000:]}")
+                            with contextlib.suppress(httpx.TransportError):
+                                nodes = (await http.get("/status")).json().get("nodes") or []
+                                if sum(1 for x in nodes if x["healthy"]) == n:
+                                    break
+                            await asyncio.sleep(0.2)
                         await http.post("/v1/llm/servers:clear")
                         for (_p, llm_url), host in zip(llms, hosts, strict=True):
                             if host in chosen:
@@ -192,6 +204,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     await run_jobs(url, n * args.capacity, f"warm{n}", args.tokens)  # one wave
                     out[str(n)] = await run_jobs(url, n * args.jobs_per_node, f"n{n}", args.tokens)
                     out[str(n)]["load_avg_end"] = round(os.getloadavg()[0], 2)
+                finally:
+                    router.terminate()
+                    await asyncio.wait_for(router.wait(), 30)
                 print(json.dumps({"nodes": n, **out[str(n)]}), file=sys.stderr, flush=True)
         finally:
             for proc, _ in llms:
@@ -217,6 +232,25 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+async def serve_router(args: argparse.Namespace) -> None:
+    """The router of one run, in a process of its own (as a trainer's router would be), limited to the
+    run's nodes; until SIGTERM."""
+    import signal
+
+    router = ClusterRouter(
+        ServiceConfig(state_dir=args.state_dir, max_pending=100_000),
+        FirstNodes(
+            ray_nodes.RayNodeSource(args.address, node_ip=args.node_ip), set(args.serve_router.split(","))
+        ),
+        RouterSettings(poll_s=1.0),
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    async with served(router, port=args.port):
+        await stop.wait()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4])
@@ -225,7 +259,15 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=20, help="tokens per completion")
     p.add_argument("--tokens-per-s", type=float, default=40.0, help="decode speed per LLM slot")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "cluster.json")
+    p.add_argument("--serve-router", help=argparse.SUPPRESS)  # internal: the router process of one run
+    p.add_argument("--address", help=argparse.SUPPRESS)
+    p.add_argument("--node-ip", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--state-dir", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.serve_router:
+        asyncio.run(serve_router(args))
+        return
     result = asyncio.run(bench(args))
     print(json.dumps(result, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,10 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+class NodeExited(RuntimeError):
+    """A node's ``ray start`` ended before the node registered."""
+
+
 @dataclass
 class RayNode:
     ip: str
@@ -99,13 +103,25 @@ class LocalRayCluster:
             )
         return RayNode(ip=ip, proc=proc, log=log)
 
-    def start(self, timeout_s: float = 120.0) -> LocalRayCluster:
+    def start(self, timeout_s: float = 180.0) -> LocalRayCluster:
+        """Bring the nodes up one at a time (a loaded 2-core machine cannot start several raylets within
+        Ray's fixed 30 s registration window); a node whose ``ray start`` gave up is started again."""
         try:
-            self.nodes.append(self._start_node(0))
-            self._wait_nodes(1, timeout_s)
-            for i in range(1, len(self.capacities)):
-                self.nodes.append(self._start_node(i))
-            self._wait_nodes(len(self.capacities), timeout_s)
+            for i in range(len(self.capacities)):
+                for attempt in range(3):
+                    node = self._start_node(i)
+                    if len(self.nodes) > i:
+                        self.nodes[i] = node
+                    else:
+                        self.nodes.append(node)
+                    try:
+                        self._wait_nodes(i + 1, timeout_s)
+                        break
+                    except NodeExited:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(node.proc.pid, signal.SIGKILL)  # what that attempt left running
+                        if attempt == 2:
+                            raise
         except BaseException:
             self.stop()
             raise
@@ -119,7 +135,7 @@ class LocalRayCluster:
         while time.monotonic() < deadline:
             for node in self.nodes:
                 if node.proc.poll() is not None:
-                    raise RuntimeError(f"ray node {node.ip} exited: {node.log.read_text()[-2000:]}")
+                    raise NodeExited(f"ray node {node.ip} exited: {node.log.read_text()[-2000:]}")
             if not ray.is_initialized():
                 with contextlib.suppress(Exception):
                     ray.init(

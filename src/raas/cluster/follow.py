@@ -11,9 +11,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any, cast
 
-import httpx
-
-from raas.cluster.nodes import NodeError
+from raas.cluster.nodes import NODE_DOWN, NODE_FAILURES, NodeError
 from raas.cluster.state import NodeState, RouterSettings, Tracked
 from raas.core.jobs import ErrorInfo, JobEvent, JobResult, JobStatus, Timing, is_terminal
 from raas.pipeline.events import EventBus
@@ -52,7 +50,7 @@ class NodeFollowing:
                     await self._on_event(node, event)
             except asyncio.CancelledError:
                 raise
-            except (httpx.HTTPError, NodeError) as exc:
+            except NODE_FAILURES as exc:
                 log.debug("event stream of %s broke: %s", node.url, exc)
             except Exception:
                 log.exception("event stream of %s failed", node.url)
@@ -86,7 +84,7 @@ class NodeFollowing:
                     self.queue.append(job_id)
                     self._wake.set()
                 continue
-            except httpx.HTTPError:
+            except NODE_DOWN:
                 return
             if is_terminal(info.status):
                 await self._fetch_result(node, job_id)
@@ -110,7 +108,7 @@ class NodeFollowing:
     async def _fetch_result(self, node: NodeState, job_id: str) -> None:
         try:
             result = await node.client.result(job_id)
-        except (httpx.HTTPError, NodeError) as exc:
+        except NODE_FAILURES as exc:
             log.info("could not fetch the result of %s from %s: %s", job_id, node.url, exc)
             return
         t = self.jobs.get(job_id)
@@ -159,7 +157,7 @@ class NodeFollowing:
 
     async def _cancel_copies(self, node: NodeState, job_ids: set[str]) -> None:
         for job_id in sorted(job_ids):
-            with contextlib.suppress(httpx.HTTPError, NodeError):
+            with contextlib.suppress(*NODE_FAILURES):
                 await node.client.cancel(job_id)
 
     async def _finish_here(self, t: Tracked, status: str, error: ErrorInfo) -> None:

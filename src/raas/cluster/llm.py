@@ -9,9 +9,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import httpx
-
-from raas.cluster.nodes import NodeError
+from raas.cluster.nodes import NODE_FAILURES, NodeError
 from raas.cluster.state import NodeState
 from raas.core.placement import plan_llm_assignment
 from raas.errors import RaasError
@@ -79,7 +77,7 @@ class LLMAssignment:
                     if self.paused and not node.llm_paused:
                         await node.client.pause_llm()
                         node.llm_paused = True
-                except (httpx.HTTPError, NodeError) as exc:
+                except NODE_FAILURES as exc:
                     log.warning("could not update the LLM servers of %s: %s", url, exc)
 
     async def pause(self) -> None:

@@ -65,12 +65,21 @@ class StaticNodeSource:
         return None
 
 
+NODE_DOWN: tuple[type[Exception], ...] = (httpx.HTTPError, RuntimeError)
+"""What a call to a node raises when the node is unreachable, or when the router dropped the node and
+closed its client while the call was on its way (httpx raises ``RuntimeError`` then)."""
+
+
 class NodeError(RaasError):
     """A node answered with an error (``status`` is the HTTP status; ``kind`` the node's error kind)."""
 
     def __init__(self, message: str, *, kind: str, status: int) -> None:
         super().__init__(message, kind=kind, stage="router")
         self.status = status
+
+
+NODE_FAILURES: tuple[type[Exception], ...] = (*NODE_DOWN, NodeError)
+"""Every way a call to a node can fail."""
 
 
 class NodeClient:
@@ -149,7 +158,8 @@ class NodeClient:
         """The node's job events (SSE) until the stream ends; raises on a broken connection. ``on_open``
         is called once the stream is established (every event after that is delivered)."""
         timeout = httpx.Timeout(None, connect=5.0, read=60.0)  # the node sends a keep-alive every 15 s
-        async with self.http.stream("GET", "/v1/events", timeout=timeout) as r:
+        params = {"terminal_only": "true"}  # the router needs the ends; live state is asked for (GET)
+        async with self.http.stream("GET", "/v1/events", params=params, timeout=timeout) as r:
             if r.status_code != 200:
                 await r.aread()
                 self._check(r)

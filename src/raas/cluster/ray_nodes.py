@@ -222,9 +222,13 @@ def discover(*, call_timeout_s: float = 5.0) -> list[NodeRecord]:
         if actor is not None:
             handles.append((nid, actor))
     refs = [actor.info.remote() for _, actor in handles]
+    # All asked at once: one hung node costs one timeout, not one per node.
+    answered = set(ray.wait(refs, num_returns=len(refs), timeout=call_timeout_s)[0]) if refs else set()
     records: list[NodeRecord] = []
     for (nid, _), ref in zip(handles, refs, strict=True):
         try:
+            if ref not in answered:
+                raise TimeoutError(f"no answer in {call_timeout_s:g} s")
             info = ray.get(ref, timeout=call_timeout_s)
         except (ray.exceptions.RayError, TimeoutError) as exc:
             log.info("raas node %s does not answer through Ray: %s", nid[:12], type(exc).__name__)

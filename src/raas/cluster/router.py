@@ -26,12 +26,11 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
-import httpx
 from prometheus_client import CollectorRegistry
 
 from raas.cluster.follow import NodeFollowing
 from raas.cluster.llm import LLMAssignment
-from raas.cluster.nodes import NodeClient, NodeError, NodeRecord, NodeSource
+from raas.cluster.nodes import NODE_DOWN, NODE_FAILURES, NodeClient, NodeError, NodeRecord, NodeSource
 from raas.cluster.state import NodeState, RouterSettings, Tracked
 from raas.core.jobs import (
     ErrorInfo,
@@ -315,7 +314,7 @@ class ClusterRouter(NodeFollowing):
     async def _send(self, t: Tracked, node: NodeState) -> None:
         try:
             accepted = await node.client.submit({**t.request, "job_id": t.job_id})
-        except httpx.HTTPError as exc:
+        except NODE_DOWN as exc:
             log.info("node %s unreachable on submit: %s", node.url, exc)
             if node.connected:
                 node.connected = False
@@ -433,8 +432,17 @@ class ClusterRouter(NodeFollowing):
         return [resp for _, resp in await asyncio.gather(*(self._admit(r) for r in requests))]
 
     async def get(self, job_id: str) -> JobInfo:
+        """The job's state: a job running on a node is asked there (the router follows only the ends of
+        jobs, so the node knows the live stage); the router's own record otherwise."""
         t = self.jobs.get(job_id)
         if t is not None:
+            node = self.nodes.get(t.node) if t.node else None
+            if node is not None and t.sent.is_set() and not t.claimed:
+                with contextlib.suppress(*NODE_FAILURES):
+                    live = await node.client.get(job_id)
+                    if not is_terminal(live.status):  # a finished one is reported once recorded here
+                        t.set_status(live.status, live.updated_at)
+                        return t.info.model_copy(update={"attempts": t.moves + 1})
             return t.info
         row = await self.ledger.get(job_id)
         if row is None:
@@ -469,7 +477,7 @@ class ClusterRouter(NodeFollowing):
             err = ErrorInfo(stage="queue", kind="cancelled", message="cancelled before it reached a node")
             await self._finish_here(t, "cancelled", err)
             return await self.get(job_id)
-        with contextlib.suppress(httpx.HTTPError, NodeError):
+        with contextlib.suppress(*NODE_FAILURES):
             await node.client.cancel(job_id)
             await self._fetch_result(node, job_id)
         with contextlib.suppress(TimeoutError):

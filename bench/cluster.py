@@ -15,7 +15,8 @@ client share its cores: the load average is reported.
 Router added latency: per job, the time from submit (at the client) to the router's terminal event (at
 the client) minus the node's own ``timing.total_s`` (accept to end on the node) — what the front door
 costs: admission into its ledger, hand-over, following the node's event stream, fetching and recording
-the result.
+the result. Measured under the burst (where it includes the time a job waits for the router itself)
+and for ``--probes`` single jobs sent one at a time.
 
     python bench/cluster.py [--nodes 1 2 4] [--jobs-per-node 48] [--capacity 4]
 """
@@ -80,7 +81,8 @@ async def run_jobs(url: str, n: int, tag: str, tokens: int) -> dict[str, Any]:
     submitted: dict[str, float] = {}
     ended: dict[str, float] = {}
     all_done = asyncio.Event()
-    async with httpx.AsyncClient(base_url=url, timeout=None, trust_env=False) as http:
+    limits = httpx.Limits(max_connections=40, max_keepalive_connections=40)
+    async with httpx.AsyncClient(base_url=url, timeout=None, trust_env=False, limits=limits) as http:
         opened = asyncio.Event()
 
         async def follow() -> None:
@@ -203,6 +205,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                                 ).raise_for_status()
                     await run_jobs(url, n * args.capacity, f"warm{n}", args.tokens)  # one wave
                     out[str(n)] = await run_jobs(url, n * args.jobs_per_node, f"n{n}", args.tokens)
+                    # The router's own cost without a burst queued in front: one job at a time.
+                    single = [await run_jobs(url, 1, f"s{n}-{i}", args.tokens) for i in range(args.probes)]
+                    added = [x["router_added_ms_p50"] for x in single]
+                    out[str(n)]["single_job_router_added_ms_p50"] = round(statistics.median(added), 2)
+                    out[str(n)]["single_job_router_added_ms_p99"] = round(percentile(added, 0.99), 2)
                     out[str(n)]["load_avg_end"] = round(os.getloadavg()[0], 2)
                 finally:
                     router.terminate()
@@ -258,6 +265,7 @@ def main() -> None:
     p.add_argument("--capacity", type=int, default=4, help="sandboxes and LLM slots per node")
     p.add_argument("--tokens", type=int, default=20, help="tokens per completion")
     p.add_argument("--tokens-per-s", type=float, default=40.0, help="decode speed per LLM slot")
+    p.add_argument("--probes", type=int, default=20, help="single jobs for the unloaded router latency")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "cluster.json")
     p.add_argument("--serve-router", help=argparse.SUPPRESS)  # internal: the router process of one run
     p.add_argument("--address", help=argparse.SUPPRESS)

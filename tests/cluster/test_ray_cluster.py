@@ -345,3 +345,18 @@ async def test_node_killed_mid_run_jobs_finish_elsewhere(
         if p.host == victim_host:
             continue
         assert (await node_get(p.url, "/status")).json()["pending"] == 0
+
+
+async def test_down_drains_a_node_and_up_adds_it_back(
+    cluster: tuple[LocalRayCluster, dict[str, Any]], tmp_path: Path
+) -> None:
+    c, info = cluster  # after the kill test: one Ray node left alive
+    survivor = info["by_host"][c.ips[0]]
+    stopped = await asyncio.to_thread(ray_nodes.remove, survivor.node_id[:12], grace_s=5.0)
+    assert stopped == [survivor.node_id]
+    with pytest.raises(httpx.TransportError):
+        await node_get(survivor.url, "/healthz")
+    base = ServiceConfig(state_dir=tmp_path, port=0, sandbox={"backend": "local"}, extra_handlers=HANDLERS)
+    again = await asyncio.to_thread(ray_nodes.place, base)
+    assert [(p.node_id, p.created) for p in again] == [(survivor.node_id, True)]  # the dead node is not
+    assert (await node_get(again[0].url, "/healthz")).status_code == 200

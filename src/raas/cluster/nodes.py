@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -93,9 +94,18 @@ class NodeClient:
             base_url=self.url,
             headers=headers,
             timeout=httpx.Timeout(timeout_s, connect=5.0),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+            # As many kept alive as may be open: no connection churn under a burst of hand-overs.
+            limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
             trust_env=False,
         )
+        # Calls wait here rather than in httpx's pool, whose queue costs O(queued x connections) per
+        # hand-off: a burst of hundreds of hand-overs would spend its time there. The event stream keeps
+        # one connection of the pool for itself.
+        self._slots = asyncio.Semaphore(24)
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        async with self._slots:
+            return await self.http.request(method, path, **kwargs)
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -115,44 +125,46 @@ class NodeClient:
         raise NodeError(str(message), kind=str(kind), status=r.status_code)
 
     async def submit(self, request: dict[str, Any]) -> SubmitResponse:
-        return SubmitResponse.model_validate(self._check(await self.http.post("/v1/jobs", json=request)))
+        return SubmitResponse.model_validate(
+            self._check(await self._request("POST", "/v1/jobs", json=request))
+        )
 
     async def get(self, job_id: str) -> JobInfo:
-        return JobInfo.model_validate(self._check(await self.http.get(f"/v1/jobs/{job_id}")))
+        return JobInfo.model_validate(self._check(await self._request("GET", f"/v1/jobs/{job_id}")))
 
     async def result(self, job_id: str) -> JobResult | None:
-        r = await self.http.get(f"/v1/jobs/{job_id}/result")
+        r = await self._request("GET", f"/v1/jobs/{job_id}/result")
         if r.status_code == 202:
             return None
         return JobResult.model_validate(self._check(r))
 
     async def cancel(self, job_id: str) -> JobInfo:
-        return JobInfo.model_validate(self._check(await self.http.delete(f"/v1/jobs/{job_id}")))
+        return JobInfo.model_validate(self._check(await self._request("DELETE", f"/v1/jobs/{job_id}")))
 
     async def status(self) -> dict[str, Any]:
-        body: dict[str, Any] = self._check(await self.http.get("/status"))
+        body: dict[str, Any] = self._check(await self._request("GET", "/status"))
         return body
 
     async def llm_servers(self) -> list[str]:
-        body = self._check(await self.http.get("/v1/llm/servers"))
+        body = self._check(await self._request("GET", "/v1/llm/servers"))
         return [str(s.get("address", "")).rstrip("/") for s in body.get("servers", [])]
 
     async def add_llm_server(self, address: str, *, weight_version: str | None, kind: str) -> None:
         body: dict[str, Any] = {"address": address, "kind": kind}
         if weight_version is not None:
             body["weight_version"] = weight_version
-        self._check(await self.http.post("/v1/llm/servers", json=body))
+        self._check(await self._request("POST", "/v1/llm/servers", json=body))
 
     async def remove_llm_server(self, address: str) -> None:
-        r = await self.http.delete(f"/v1/llm/servers/{quote(address, safe='')}")
+        r = await self._request("DELETE", f"/v1/llm/servers/{quote(address, safe='')}")
         if r.status_code != 404:
             self._check(r)
 
     async def pause_llm(self) -> None:
-        self._check(await self.http.post("/v1/llm:pause", timeout=None))
+        self._check(await self._request("POST", "/v1/llm:pause", timeout=None))
 
     async def resume_llm(self) -> None:
-        self._check(await self.http.post("/v1/llm:resume"))
+        self._check(await self._request("POST", "/v1/llm:resume"))
 
     async def events(self, on_open: Callable[[], None] | None = None) -> AsyncIterator[JobEvent]:
         """The node's job events (SSE) until the stream ends; raises on a broken connection. ``on_open``

@@ -79,6 +79,41 @@ def prefix_cache() -> str:
     )
 
 
+def llm_routing() -> str:
+    data = _load("llm_routing.json")
+    if not data:
+        return ""
+    header = ["routing", "hit rate", "prefill tokens", "cached (saved)", "saved vs round robin"]
+    header += ["servers per group", "wall s"]
+    body = [
+        [
+            name,
+            p["hit_rate"],
+            p["prefill_tokens"],
+            p["cached_tokens"],
+            p.get("prefill_saved_vs_round_robin", ""),
+            p["servers_per_group_mean"],
+            p["wall_s"],
+        ]
+        for name, p in data["policies"].items()
+    ]
+    load = f"load average {data['loadavg_before']} before, {data['loadavg_after']} after"
+    return (
+        "### Prefix-cache hits per routing policy (`python bench/llm_routing.py`)\n\n"
+        f"Two real llama-servers ({data['parallel_per_server']} slots, {data['threads_per_server']} thread "
+        f"each), {data['groups']} GRPO groups x {data['samples']} samples, a {data['prompt_tokens_first_turn']}-"
+        f"token prompt per group, {data['turns']} turn(s) of {data['max_tokens']} tokens, {data['concurrency']} "
+        f"samples in flight, started in group order; prompt tokens {next(iter(data['policies'].values()))['prompt_tokens']}, "
+        f"of which at least {next(iter(data['policies'].values()))['min_prefill_tokens']} must be prefilled; "
+        f"llama.cpp's `timings.cache_n` / `prompt_n` per request; {load} ({data['cpus']} cores).\n\n"
+        + _table(header, body)
+        + "\n\nllama.cpp reuses a prompt only from an idle slot or its RAM prompt cache, never from a request "
+        "still running (checked on this build), so the samples of a group that start together on one server "
+        "each prefill; the savings come from the samples that start after a sibling there finished. Wall "
+        "times are dominated by the shared machine's load."
+    )
+
+
 def client_overhead() -> str:
     data = _load("client_overhead.json")
     if not data:
@@ -165,6 +200,72 @@ def verify_overhead() -> str:
         f"{data.get('calls')} calls each, interleaved; a new worker's first call (spawn + sympy import) took "
         f"{data.get('cold_start_s')} s. Load average: {data.get('machine', {}).get('load_avg_1m', '?')}.\n\n"
         + _table(["call", "thread median µs", "worker process median µs"], rows)
+    )
+
+
+def gateway() -> str:
+    data = _load("gateway.json")
+    if not data:
+        return ""
+    rows = []
+    for key, label in (("rollouts_1", "1"), ("rollouts_64", "64")):
+        r = data.get(key)
+        if not r:
+            continue
+        cpu = r.get("service_cpu_ms_per_request", {})
+        rows.append(
+            [
+                label,
+                r["direct"]["p50_ms"],
+                r["direct"]["p99_ms"],
+                r["gateway"]["p50_ms"],
+                r["gateway"]["p99_ms"],
+                r["added_p50_ms"],
+                r["added_p99_ms"],
+                f"{cpu.get('direct', '?')} → {cpu.get('gateway', '?')}",
+                r.get("client_cpu_ms_per_request", ""),
+            ]
+        )
+    for key, r in data.items():
+        if key.startswith("rollouts_1_in_"):
+            sandbox = key.removeprefix("rollouts_1_in_").removesuffix("_sandbox")
+            rows.append(
+                [
+                    f"1, agent in {sandbox}",
+                    data["rollouts_1"]["direct"]["p50_ms"],
+                    data["rollouts_1"]["direct"]["p99_ms"],
+                    r["gateway"]["p50_ms"],
+                    r["gateway"]["p99_ms"],
+                    r["added_p50_ms"],
+                    r["added_p99_ms"],
+                    "",
+                    "",
+                ]
+            )
+    return (
+        "### Agent gateway (`python bench/gateway.py --sandbox bwrap`)\n\n"
+        "Per model call: an OpenAI Chat Completions request through the gateway (the agent re-sends its growing\n"
+        "history each turn; every request after the first continues append-only) vs the direct token call\n"
+        f"raas's own loop makes; scripted policy, {data.get('tokens_per_reply')} tokens per reply, three processes\n"
+        f"on {data.get('cpus')} cores. Load average at the start: {data.get('load_before', '?')}. The last two\n"
+        "columns: the service process's CPU per request (balancer alone → balancer + gateway), which contention\n"
+        "does not change, and the agents' own CPU per request (httpx and JSON of the re-sent history: what any\n"
+        "OpenAI-compatible server costs an agent). Wall-clock numbers include queueing for the 2 cores that the\n"
+        "service, the agents' process and the policy process share (and whatever else ran on the machine).\n\n"
+        + _table(
+            [
+                "rollouts at once",
+                "direct p50 ms",
+                "direct p99 ms",
+                "gateway p50 ms",
+                "gateway p99 ms",
+                "added p50 ms",
+                "added p99 ms",
+                "service CPU ms/request",
+                "agent CPU ms/request",
+            ],
+            rows,
+        )
     )
 
 
@@ -259,9 +360,11 @@ def main() -> None:
         tools_latency(),
         templating(),
         prefix_cache(),
+        llm_routing(),
         client_overhead(),
         pipeline(),
         verify_overhead(),
+        gateway(),
         dapo(),
         swe(),
     ]

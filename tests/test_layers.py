@@ -2,8 +2,8 @@
 ``TYPE_CHECKING``, relative, and ``importlib.import_module("raas...")`` with a literal name) is checked
 against the layer order, lowest first:
 
-    raas.errors, raas.core  →  raas.toolserver  →  raas.sandbox, raas.llm  →  raas.agent  →  raas.tasks
-    →  raas.pipeline  →  raas.api  →  raas.cluster  →  raas.cli
+    raas.errors, raas.core  →  raas.toolserver  →  raas.sandbox, raas.llm  →  raas.agent  →  raas.gateway
+    →  raas.tasks  →  raas.pipeline  →  raas.api  →  raas.cluster  →  raas.cli
 
 ``raas.toolserver`` runs inside sandboxes and imports nothing from raas; ``raas.trainer`` is an HTTP client
 and imports only ``raas.errors`` and ``raas.core``; packages on the same tier (``sandbox``, ``llm``) do not
@@ -28,6 +28,7 @@ TIERS: list[set[str]] = [
     {"toolserver"},
     {"sandbox", "llm"},
     {"agent"},
+    {"gateway"},  # the agent gateway: the harness handler (tasks) and the service (pipeline, api) use it
     {"tasks"},
     {"pipeline"},
     {"api"},
@@ -144,6 +145,8 @@ def test_no_package_imports_one_above_it() -> None:
         ("raas.errors", "from raas.core import jobs\n"),
         ("raas.tasks.base", "from raas.api.app import serve\n"),
         ("raas.pipeline.service", "from raas.trainer.client import RaasClient\n"),
+        ("raas.gateway.session", "from raas.tasks.base import Job\n"),
+        ("raas.agent.loop", "from raas.gateway import Gateway\n"),
     ],
 )
 def test_a_planted_upward_import_is_caught(module: str, source: str) -> None:

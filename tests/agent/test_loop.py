@@ -4,14 +4,15 @@ tokenizer and a real local sandbox."""
 from __future__ import annotations
 
 import pytest
-from tests.agent.scripted import make_job, scripted_policy, tool_call
-from tests.doubles.scripted_llm import ScriptedLLM
+from tests.agent.scripted import completions, make_job, scripted_policy, tool_call
+from tests.doubles.scripted_llm import ScriptedLLM, replay
 
 from raas.agent.config import AgentConfig
 from raas.agent.context import LLMContext
 from raas.agent.loop import run_agent
 from raas.agent.tools import ToolSet
 from raas.core import metrics
+from raas.core.jobs import Job
 from raas.core.trajectory import RunOutput
 from raas.errors import RaasError
 from raas.llm.balancer import LLMBalancer
@@ -204,6 +205,30 @@ async def test_sampling_params_reach_the_server(tokenizer: ChatTokenizer, sandbo
     body = server.requests[0].body
     assert body["temperature"] == 0.5 and body["seed"] == 7 and body["max_tokens"] == 64
     assert "model" not in body or body["model"] != "ignored-client-field"
+
+
+async def test_the_samples_of_a_group_reach_one_server(tokenizer: ChatTokenizer, sandbox: Sandbox) -> None:
+    """The loop passes the job's group key: a group's samples share a server, other groups spread."""
+    finish = completions(tokenizer, [tool_call("finish", answer="1")])
+    async with ScriptedLLM(replay(finish, cycle=True)) as a, ScriptedLLM(replay(finish, cycle=True)) as b:
+        balancer = LLMBalancer(health_interval_s=0)
+        balancer.add(a.url)
+        balancer.add(b.url)
+        llm = LLMContext(balancer, tokenizer, AgentConfig())
+
+        async def servers(instance: dict[str, object], job_id: str) -> set[str]:
+            job = Job(job_id=job_id, instance=instance, trajectory_id=job_id)
+            out = await run_agent(job, sandbox, llm, TOOLS, user_prompt="q")
+            return {t.server for t in out.turns}
+
+        try:
+            grouped = [await servers({"instance_id": "i", "group_id": "grp"}, f"s{i}") for i in range(4)]
+            spread = [await servers({"instance_id": f"i{i}"}, f"o{i}") for i in range(4)]
+            assert balancer.group_counts()["live"] == 0  # each trajectory was released at its end
+        finally:
+            await balancer.aclose()
+    assert len(set.union(*grouped)) == 1
+    assert set.union(*spread) == {a.url, b.url}
 
 
 async def test_llm_down_is_a_typed_infrastructure_error(tokenizer: ChatTokenizer, sandbox: Sandbox) -> None:

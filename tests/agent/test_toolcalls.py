@@ -98,3 +98,60 @@ def test_unknown_tool_is_reported_and_good_calls_survive() -> None:
 def test_non_string_input_never_raises() -> None:
     r = parse_tool_calls(None)  # type: ignore[arg-type]
     assert r.calls == [] and r.errors == []
+
+
+SCHEMA_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "edit",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "line": {"type": "integer"}, "text": {}},
+            },
+        },
+    }
+]
+
+
+def test_qwen3_coder_xml_call_typed_by_the_schema() -> None:
+    text = (
+        "Fixing it.\n<tool_call>\n<function=edit>\n<parameter=path>\n/a.py\n</parameter>\n"
+        "<parameter=line>\n12\n</parameter>\n<parameter=text>\n  x = 1\n\n</parameter>\n</function>\n"
+        "</tool_call>"
+    )
+    r = parse_tool_calls(text, SCHEMA_TOOLS)
+    assert r.format == "qwen_xml" and not r.errors
+    assert r.calls[0].name == "edit"
+    # integer by the schema; strings keep inner whitespace (one newline trimmed at each end)
+    assert r.calls[0].arguments == {"path": "/a.py", "line": 12, "text": "  x = 1\n"}
+    assert r.content == "Fixing it."
+
+
+def test_qwen3_coder_xml_unknown_function_is_an_error() -> None:
+    r = parse_tool_calls("<tool_call><function=rm><parameter=x>1</parameter></function></tool_call>", ["ls"])
+    assert r.calls == [] and "unknown tool 'rm'" in r.errors[0]
+
+
+def test_llama_function_tag_and_python_tag_calls() -> None:
+    r = parse_tool_calls('Sure. <function=bash>{"command": "ls -l"}</function>', TOOLS)
+    assert r.format == "llama" and r.content == "Sure."
+    assert [(c.name, c.arguments) for c in r.calls] == [("bash", {"command": "ls -l"})]
+    r = parse_tool_calls('<|python_tag|>{"name": "bash", "parameters": {"command": "id"}}', TOOLS)
+    assert r.format == "llama" and [(c.name, c.arguments) for c in r.calls] == [("bash", {"command": "id"})]
+    r = parse_tool_calls(
+        '<|python_tag|>{"name": "bash", "parameters": {}}; {"name": "python", "parameters": {"code": "1"}}',
+        TOOLS,
+    )
+    assert [c.name for c in r.calls] == ["bash", "python"]
+    r = parse_tool_calls('{"name": "bash", "parameters": {}}; {"name": "python", "parameters": {}}', TOOLS)
+    assert r.format == "json" and [c.name for c in r.calls] == ["bash", "python"]
+
+
+def test_llama_malformed_calls_are_errors_not_crashes() -> None:
+    r = parse_tool_calls("<function=bash>{not json}</function>", TOOLS)
+    assert r.calls == [] and "not valid JSON" in r.errors[0]
+    r = parse_tool_calls("<|python_tag|>print('hi')", TOOLS)
+    assert r.calls == [] and r.errors
+    r = parse_tool_calls("<|python_tag|>", TOOLS)
+    assert r.calls == [] and r.errors

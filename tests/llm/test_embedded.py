@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -14,7 +16,8 @@ import httpx
 import pytest
 
 from raas.errors import RaasError
-from raas.llm.embedded import EmbeddedServer, reap_stale_dirs
+from raas.llm import embedded
+from raas.llm.embedded import EmbeddedServer, ServerCrashed, reap_stale_dirs
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +46,32 @@ async def test_bad_model_is_a_typed_error_and_leaves_nothing(tmp_path: Path) -> 
     with pytest.raises(RaasError) as err:
         await srv.start()
     assert err.value.kind == "llm_unavailable" and "did not start" in err.value.message
+    assert isinstance(err.value, ServerCrashed) and err.value.signal_name is None
+    assert "exited with status" in err.value.message and "not-a-model.gguf" in err.value.message
     assert srv.proc is None and srv._tmp is None
+
+
+async def test_a_lost_port_race_is_retried_on_another_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real server cannot bind a port another process took after ``free_port`` picked it: raas
+    starts it again on a fresh port (only this failure is retried)."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    taken_port = taken.getsockname()[1]
+    picks = iter([taken_port])
+    real_free_port = embedded.free_port
+
+    def racy_free_port(host: str = "127.0.0.1") -> int:
+        return next(picks, None) or real_free_port(host)
+
+    monkeypatch.setattr(embedded, "free_port", racy_free_port)
+    try:
+        async with EmbeddedServer(parallel=1, ctx_per_slot=256, threads=1) as srv:
+            assert next(picks, None) is None and srv.port not in (None, taken_port)
+            async with httpx.AsyncClient() as http:
+                assert (await http.get(f"{srv.url}/health")).status_code == 200
+    finally:
+        taken.close()
 
 
 def test_bad_settings_are_bad_requests(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,7 +135,8 @@ def _children(pid: int) -> list[int]:
 
 _HOLDER = """
 import asyncio, sys
-from raas.llm.embedded import EmbeddedServer, reap_stale_dirs
+from raas.llm import embedded
+from raas.llm.embedded import EmbeddedServer, ServerCrashed, reap_stale_dirs
 async def main():
     srv = EmbeddedServer(parallel=1, ctx_per_slot=256, threads=1)
     await srv.start()
@@ -139,3 +168,23 @@ async def test_server_dies_with_a_killed_parent() -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+_FEATURES = """
+import ctypes, json, sys
+cpu = ctypes.CDLL(sys.argv[1])
+print(json.dumps({f: cpu[f"ggml_cpu_has_{f}"]() for f in sys.argv[2:]}))
+"""
+
+
+def test_installed_llama_cpp_is_the_portable_build() -> None:
+    """`make install` builds llama.cpp for a fixed x86-64 baseline (AVX2, no AVX-512, no AMX), never the
+    host's native flags: a binary with AVX-512 or AMX code dies with SIGILL on machines (or VMs) that do
+    not allow it. Read from the ggml CPU backend next to the binary, in a child process."""
+    lib = embedded.llama_server_binary().parent / "libggml-cpu.so"
+    feats = ("avx2", "fma", "f16c", "avx512", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_int8")
+    out = subprocess.run(
+        [sys.executable, "-c", _FEATURES, str(lib), *feats], capture_output=True, text=True, check=True
+    )
+    compiled = {name: bool(on) for name, on in json.loads(out.stdout).items()}
+    assert compiled == {f: f in ("avx2", "fma", "f16c") for f in feats}

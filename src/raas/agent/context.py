@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from raas.agent.config import AgentConfig
 from raas.errors import RaasError
@@ -23,6 +23,9 @@ class LLMContext:
     balancer: LLMBalancer
     tokenizer: ChatTokenizer | None
     agent: AgentConfig
+    gateway: Any = None
+    """The service's agent gateway (a :class:`raas.gateway.Gateway`, a layer above this one), for handlers
+    that run third-party agents; None outside a service (such a handler then makes its own)."""
 
     def require_tokenizer(self) -> ChatTokenizer:
         """The chat tokenizer, or a typed error that says how to give the service one."""

@@ -185,7 +185,9 @@ async def run_agent(
             st.check(conv.prompt_ids, exact=True)
             prompt_len = st.seq_len()
             try:
-                res = await llm.balancer.generate(st.seq(), sampling, trajectory_id=job.job_id)
+                res = await llm.balancer.generate(
+                    st.seq(), sampling, trajectory_id=job.job_id, group_id=job.group_key
+                )
             except RaasError as e:
                 if e.kind == "context_window_exceeded" and st.turns:
                     finish_reason = "context_budget"

@@ -1,8 +1,15 @@
 """Read tool calls out of a model's sampled text.
 
-Two formats: Hermes/Qwen ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (any number per
-turn) and a plain JSON function call (the whole reply is ``{"name", "arguments"|"parameters"}``, a list
-of them, or the OpenAI ``{"function": {...}}`` shape, optionally in a fenced block). Parsing never
+Formats, detected from the text:
+
+* Hermes/Qwen ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (any number per turn), and
+  inside the same tags Qwen3-Coder's XML body ``<function=NAME><parameter=KEY>VALUE</parameter></function>``;
+* Llama 3.1 custom functions ``<function=NAME>{...json args...}</function>``;
+* a plain JSON function call: the whole reply is ``{"name", "arguments"|"parameters"}``, a list of them
+  (Llama 3.x's JSON tool calling, also after its ``<|python_tag|>`` marker and ``;``-separated), or the
+  OpenAI ``{"function": {...}}`` shape, optionally in a fenced block.
+
+Parsing never
 raises: a malformed call becomes an error observation the agent sees on its next turn, and is counted,
 because a policy that emits broken calls must be told (and rewarded) accordingly, not crash the rollout.
 The sampled token IDs are never rewritten; this only reads the text.
@@ -22,6 +29,10 @@ from raas.core.metrics import count_tool_call
 
 _HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _FENCE = re.compile(r"^```(?:json)?\s*\n(.*?)\n?```$", re.DOTALL)
+_XML_FUNCTION = re.compile(r"^<function=([^>\s]+)>(.*?)(?:</function>)?$", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>", re.DOTALL)
+_LLAMA_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.DOTALL)
+PYTHON_TAG = "<|python_tag|>"
 
 FORMAT_HINT = (
     'Call a tool as <tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>.'
@@ -50,7 +61,7 @@ class ParsedOutput:
     calls: list[ToolCall]
     content: str
     errors: list[str]
-    format: str  # "hermes" | "json" | "none"
+    format: str  # "hermes" | "qwen_xml" | "llama" | "json" | "none"
 
     @property
     def malformed(self) -> bool:
@@ -101,12 +112,45 @@ def _call_from_obj(obj: Any, raw: str, allowed: set[str] | None) -> ToolCall | s
     return ToolCall(name=name, arguments=args, raw=raw)
 
 
-def _parse_hermes(text: str, allowed: set[str] | None) -> ParsedOutput:
+def _xml_value(raw: str, schema: dict[str, Any] | None) -> Any:
+    """A Qwen3-Coder parameter value: its text (one newline trimmed at each end), as JSON when the tool's
+    schema says the parameter is not a string."""
+    value = raw[1:] if raw.startswith("\n") else raw
+    value = value[:-1] if value.endswith("\n") else value
+    kind = (schema or {}).get("type")
+    if kind is None or kind == "string":
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
+def _parse_xml_call(body: str, raw: str, allowed: set[str] | None, schemas: dict[str, Any]) -> ToolCall | str:
+    match = _XML_FUNCTION.match(body)
+    if match is None:
+        return "tool call is neither JSON nor <function=...> XML"
+    name = match.group(1)
+    params = schemas.get(name, {}).get("properties", {}) if isinstance(schemas.get(name), dict) else {}
+    args = {k: _xml_value(v, params.get(k)) for k, v in _XML_PARAMETER.findall(match.group(2))}
+    return _call_from_obj({"name": name, "arguments": args}, raw, allowed)
+
+
+def _parse_hermes(text: str, allowed: set[str] | None, schemas: dict[str, Any] | None = None) -> ParsedOutput:
     calls: list[ToolCall] = []
     errors: list[str] = []
+    xml = False
     for i, match in enumerate(_HERMES.finditer(text)):
         body = match.group(1).strip()
         closed = match.group(0).endswith("</tool_call>")
+        if body.startswith("<function="):
+            xml = True
+            got: ToolCall | str = _parse_xml_call(body, match.group(0), allowed, schemas or {})
+            if isinstance(got, str):
+                errors.append(f"tool call {i + 1}: {got}")
+            else:
+                calls.append(got)
+            continue
         try:
             obj = json.loads(body)
         except json.JSONDecodeError as exc:
@@ -119,7 +163,45 @@ def _parse_hermes(text: str, allowed: set[str] | None) -> ParsedOutput:
         else:
             calls.append(got)
     content = _HERMES.sub("", text).strip()
-    return ParsedOutput(calls, content, errors, "hermes")
+    return ParsedOutput(calls, content, errors, "qwen_xml" if xml else "hermes")
+
+
+def _parse_llama_functions(text: str, allowed: set[str] | None) -> ParsedOutput:
+    """Llama 3.1's ``<function=NAME>{args}</function>`` calls."""
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    for i, match in enumerate(_LLAMA_FUNCTION.finditer(text)):
+        name, body = match.group(1), match.group(2).strip()
+        try:
+            args = json.loads(body) if body else {}
+        except json.JSONDecodeError as exc:
+            errors.append(f"tool call {i + 1}: arguments of {name!r} are not valid JSON ({exc.msg})")
+            continue
+        got = _call_from_obj({"name": name, "arguments": args}, match.group(0), allowed)
+        if isinstance(got, str):
+            errors.append(f"tool call {i + 1}: {got}")
+        else:
+            calls.append(got)
+    content = _LLAMA_FUNCTION.sub("", text).strip()
+    return ParsedOutput(calls, content, errors, "llama")
+
+
+def _parse_python_tag(text: str, allowed: set[str] | None) -> ParsedOutput:
+    """Llama 3.x JSON calls after ``<|python_tag|>``, possibly several separated by ``;``."""
+    head, _, body = text.partition(PYTHON_TAG)
+    parts = [p.strip() for p in body.split(";") if p.strip()] if body.strip() else []
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    for part in parts:
+        got = _parse_json(part, allowed)
+        if got is None:
+            errors.append("text after <|python_tag|> is not a JSON function call")
+            continue
+        calls.extend(got.calls)
+        errors.extend(got.errors)
+    if not parts:
+        errors.append("<|python_tag|> is followed by no function call")
+    return ParsedOutput(calls, head.strip(), errors, "llama")
 
 
 def _looks_like_call(text: str) -> bool:
@@ -157,13 +239,22 @@ def parse_tool_calls(
     text: str, tools: Iterable[str] | Iterable[dict[str, Any]] | None = None
 ) -> ParsedOutput:
     """Find the tool calls in ``text``; ``tools`` (names or OpenAI tool schemas) limits valid names."""
-    allowed = _names(tools)
+    items: list[Any] | None = list(tools) if tools is not None else None
+    allowed = _names(items)
     if not isinstance(text, str):
         text = "" if text is None else str(text)
     if "<tool_call>" in text:
-        result = _parse_hermes(text, allowed)
+        result = _parse_hermes(text, allowed, _schemas(items))
+    elif PYTHON_TAG in text:
+        result = _parse_python_tag(text, allowed)
+    elif _LLAMA_FUNCTION.search(text):
+        result = _parse_llama_functions(text, allowed)
     else:
-        result = _parse_json(text, allowed) or ParsedOutput([], text, [], "none")
+        result = (
+            _parse_json_lines(text, allowed)
+            or _parse_json(text, allowed)
+            or ParsedOutput([], text, [], "none")
+        )
     for _ in result.calls:
         count_tool_call(result.format, "ok")
     for err in result.errors:
@@ -171,7 +262,34 @@ def parse_tool_calls(
     return result
 
 
-def _names(tools: Iterable[str] | Iterable[dict[str, Any]] | None) -> set[str] | None:
+def _parse_json_lines(text: str, allowed: set[str] | None) -> ParsedOutput | None:
+    """Several JSON calls separated by ``;`` (Llama 3.2 without the python tag)."""
+    if ";" not in text:
+        return None
+    parts = [p.strip() for p in text.strip().split(";") if p.strip()]
+    if len(parts) < 2:
+        return None
+    parsed = [_parse_json(p, allowed) for p in parts]
+    if any(p is None or p.format != "json" for p in parsed):
+        return None
+    calls = [c for p in parsed if p is not None for c in p.calls]
+    errors = [e for p in parsed if p is not None for e in p.errors]
+    return ParsedOutput(calls, "", errors, "json")
+
+
+def _schemas(tools: Iterable[Any] | None) -> dict[str, Any]:
+    """Parameter schemas by tool name (OpenAI tool schemas), for typing XML parameter values."""
+    out: dict[str, Any] = {}
+    for t in tools or ():
+        if isinstance(t, dict):
+            inner = t.get("function")
+            fn: dict[str, Any] = inner if isinstance(inner, dict) else t
+            if isinstance(fn.get("name"), str) and isinstance(fn.get("parameters"), dict):
+                out[fn["name"]] = fn["parameters"]
+    return out
+
+
+def _names(tools: Iterable[Any] | None) -> set[str] | None:
     if tools is None:
         return None
     names: set[str] = set()

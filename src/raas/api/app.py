@@ -1,4 +1,4 @@
-"""The FastAPI application: native ``/v1`` routes, ProRL-compatible routes, health, status and metrics."""
+"""The FastAPI application: native ``/v1`` routes, ProRL-compatible routes, health, status, metrics and the\nlive dashboard (:mod:`raas.api.dashboard`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
 
-from raas.api import errors, native, prorl
+from raas.api import dashboard, errors, native, prorl
+from raas.api.dashboard_stats import ServiceStats
 from raas.api.limits import HttpLimits, fit_to_fd_limit, guarded_protocol
 from raas.api.middleware import GuardMiddleware
 from raas.api.protocol import Served
@@ -28,13 +31,17 @@ def create_app(service: Served, *, manage_service: bool = True) -> FastAPI:
     """An app serving ``service``. With ``manage_service`` the app starts the service on startup and shuts
     it down (gracefully, ``shutdown_grace_s``) when the server stops."""
 
+    stats = ServiceStats(service)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if manage_service:
             await service.start()
         try:
+            await stats.start()
             yield
         finally:
+            await stats.aclose()
             if manage_service:
                 await service.shutdown()
 
@@ -49,7 +56,9 @@ def create_app(service: Served, *, manage_service: bool = True) -> FastAPI:
     errors.install(app)
     app.include_router(native.router)
     app.include_router(prorl.router)
+    app.mount("/gateway", _GatewayRoutes(service), name="gateway")
     cfg = service.config
+    dashboard.install(app, stats, cfg.token)
     app.add_middleware(
         GuardMiddleware,
         max_bytes=cfg.max_request_bytes,
@@ -58,6 +67,25 @@ def create_app(service: Served, *, manage_service: bool = True) -> FastAPI:
         token=cfg.token,
     )
     return app
+
+
+class _GatewayRoutes:
+    """The agent gateway's routes under ``/gateway`` (OpenAI ``/gateway/v1/...``, Anthropic
+    ``/gateway/v1/messages``), attributed by each rollout's key; the gateway exists once the service runs.
+    A cluster router has none: its rollouts reach the gateway of the node that runs them."""
+
+    def __init__(self, service: Served) -> None:
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gateway = getattr(self.service, "gateway", None)
+        if gateway is None:
+            body = errors.error_body(
+                "unavailable", "no agent gateway here (not started, or a cluster router)"
+            )
+            await JSONResponse(body, status_code=503)(scope, receive, send)
+            return
+        await gateway.app(scope, receive, send)
 
 
 class _Server(uvicorn.Server):

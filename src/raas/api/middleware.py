@@ -9,9 +9,12 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from raas.api import dashboard
 from raas.api.errors import error_body
 
 OPEN_PATHS = frozenset({"/healthz"})
+GATEWAY_PREFIX = "/gateway/"
+"""The agent gateway's routes: each request carries its rollout's own key instead of the API token."""
 
 
 async def _send_json(
@@ -35,11 +38,35 @@ async def _send_json(
 BATCH_PATH = "/v1/jobs:batch"
 
 
+async def _unauthorized(send: Send, path: str) -> None:
+    """401; under ``/dashboard`` the page answers with its login form (a browser cannot send a header)."""
+    if dashboard.is_dashboard_path(path):
+        data, headers = dashboard.unauthorized_response(path)
+    else:
+        data = json.dumps(error_body("unauthorized", "missing or wrong bearer token")).encode()
+        headers = [(b"content-type", b"application/json")]
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 401,
+            "headers": [
+                (b"content-length", str(len(data)).encode()),
+                (b"www-authenticate", b"Bearer"),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
+
+
 class GuardMiddleware:
     """Rejects bodies over the cap with 413 (before parsing; ``max_batch_bytes`` for batches,
     ``max_bytes`` for every other route), bodies that do not arrive within ``body_timeout_s`` with 408
     and, when a token is configured, requests without ``Authorization: Bearer <token>`` with 401 — on
-    every path but ``/healthz``. The size of an accepted body is left in ``request.state.body_bytes``."""
+    every path but ``/healthz``, the agent gateway's (``/gateway/...``, which check their rollout's own
+    key) and the dashboard's login form and static files (a ``GET`` under ``/dashboard`` may show the
+    dashboard's session cookie instead; see :mod:`raas.api.dashboard`). The size of an accepted body is left
+    in ``request.state.body_bytes``."""
 
     def __init__(
         self,
@@ -61,22 +88,24 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         expected = self.token()
-        if expected and scope.get("path") not in OPEN_PATHS:
+        path = str(scope.get("path", ""))
+        if (
+            expected
+            and path not in OPEN_PATHS
+            and not path.startswith(GATEWAY_PREFIX)
+            and not dashboard.is_open_path(path)
+        ):
             given = b""
             for name, value in scope.get("headers", []):
                 if name == b"authorization":
                     given = value
                     break
             scheme, _, credential = given.decode("latin-1").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                credential.strip().encode(), expected.encode()
-            ):
-                await _send_json(
-                    send,
-                    401,
-                    error_body("unauthorized", "missing or wrong bearer token"),
-                    [(b"www-authenticate", b"Bearer")],
-                )
+            if (
+                scheme.lower() != "bearer"
+                or not hmac.compare_digest(credential.strip().encode(), expected.encode())
+            ) and not dashboard.cookie_allows(scope, expected):
+                await _unauthorized(send, path)
                 return
         limit, setting = (
             (self.max_batch_bytes, "max_batch_bytes")

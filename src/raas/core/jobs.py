@@ -119,6 +119,10 @@ class JobResult(BaseModel):
     messages: list[Message] = Field(default_factory=list)
     turns: list[Turn] = Field(default_factory=list)
     token_trajectory: TokenTrajectory = Field(default_factory=TokenTrajectory)
+    segments: list[TokenTrajectory] = Field(
+        default_factory=list,
+        description="Empty for one token sequence; else every sequence in order (token_trajectory is the last)",
+    )
     artifacts: dict[str, Any] = Field(default_factory=dict)
     timing: Timing = Field(default_factory=Timing)
 

@@ -82,7 +82,7 @@ def observe_llm_attempt(server: str, seconds: float, outcome: str) -> None:
 
 
 def count_tool_call(fmt: str, outcome: str) -> None:
-    """Count one tool call parsed out of model output (``fmt``: hermes, json)."""
+    """Count one tool call parsed out of model output (``fmt``: hermes, qwen_xml, llama, json)."""
     TOOL_CALLS.labels(format=fmt, outcome=outcome).inc()
 
 

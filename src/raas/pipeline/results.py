@@ -114,6 +114,7 @@ def build_result(job: Job, outcome: Outcome, run: RunOutput | None, timing: Timi
         messages=run.messages if run else [],
         turns=run.turns if run else [],
         token_trajectory=run.token_trajectory if run else TokenTrajectory(),
+        segments=run.segments if run else [],
         artifacts=arts,
         timing=timing,
     )

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from raas.core import metrics
 from raas.core.jobs import JobInfo, JobRequest, JobResult, SubmitResponse
 from raas.errors import RaasError
+from raas.gateway import Gateway
 from raas.llm import ChatTokenizer, LLMBalancer
 from raas.pipeline.admission import Admission
 from raas.pipeline.clock import PauseClock
@@ -103,6 +104,11 @@ class RolloutService:
     @property
     def tokenizer(self) -> ChatTokenizer | None:
         return self.layers.tokenizer
+
+    @property
+    def gateway(self) -> Gateway | None:
+        """The agent gateway (built at start), whose routes the API mounts at ``/gateway``."""
+        return self.layers.gateway
 
     @property
     def handlers(self) -> HandlerRegistry:

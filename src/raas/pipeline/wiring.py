@@ -1,5 +1,5 @@
-"""The layers one service runs on: the sandbox manager, the LLM balancer, the chat tokenizer and the task
-handler registry, built from the config unless the caller injects them.
+"""The layers one service runs on: the sandbox manager, the LLM balancer, the chat tokenizer, the agent
+gateway and the task handler registry, built from the config unless the caller injects them.
 
 What this module builds it also closes (the sandbox manager's sandboxes, the balancer's health checks and
 HTTP client, the verifier worker pool); an injected manager or balancer belongs to its caller.
@@ -16,6 +16,7 @@ from raas.agent.context import LLMContext
 from raas.core.jobs import Job
 from raas.core.policy import StagePolicy
 from raas.errors import RaasError
+from raas.gateway import Gateway
 from raas.llm import ChatTokenizer, LLMBalancer
 from raas.pipeline.config import ServiceConfig, agent_config_for
 from raas.sandbox import SandboxConfig, SandboxManager, config_from_dict
@@ -50,6 +51,7 @@ class Layers:
         self._owns_balancer = balancer is None
         self.tokenizer = tokenizer
         self.handlers = handlers if handlers is not None else HandlerRegistry()
+        self.gateway: Gateway | None = None
         self._sandbox_default: SandboxConfig | None = None
         self._policies: dict[str, StagePolicy] = {}
 
@@ -64,12 +66,16 @@ class Layers:
         if self.balancer is None:
             # Health checks run for the service's lifetime: a server marked unhealthy after a failed
             # request comes back once it answers again. ``close`` stops them and closes the client.
-            self.balancer = LLMBalancer(health_interval_s=self.config.llm_health_interval_s)
+            self.balancer = LLMBalancer(
+                health_interval_s=self.config.llm_health_interval_s, routing=self.config.llm_routing
+            )
             self.balancer.start_health_checks()
         for url in self.config.llm_servers:
             self.balancer.add(url)
         if self.tokenizer is None and self.config.tokenizer_dir is not None:
             self.tokenizer = await asyncio.to_thread(ChatTokenizer.from_pretrained, self.config.tokenizer_dir)
+        # Third-party agents reach the policy through it (per-rollout endpoints; see raas.gateway).
+        self.gateway = Gateway(self.balancer, self.tokenizer)
         if self.tokenizer is None:
             needing = sorted(n for n, cls in self.handlers.classes().items() if cls.needs_tokenizer)
             if needing:
@@ -81,6 +87,9 @@ class Layers:
 
     async def close(self) -> None:
         """Close what this service built, and the verifier workers of this event loop."""
+        if self.gateway is not None:
+            with contextlib.suppress(Exception):
+                await self.gateway.aclose()
         if self._owns_manager and self.sandbox_manager is not None:
             with contextlib.suppress(Exception):
                 await self.sandbox_manager.close_all()
@@ -148,6 +157,7 @@ class Layers:
             balancer=self.require_balancer(),
             tokenizer=self.tokenizer,
             agent=agent_config_for(self.config.agent, job.sampling_params),
+            gateway=self.gateway,
         )
 
     async def release(self, job: Job) -> None:

@@ -17,8 +17,10 @@ import asyncio
 import contextlib
 import importlib
 import os
+import re
 import shutil
 import signal
+import socket
 import stat
 import time
 from abc import ABC, abstractmethod
@@ -271,6 +273,39 @@ class Sandbox(ABC):
     @property
     def log_path(self) -> Path:
         return self.scratch / "server.log"
+
+    # ---- host services the sandbox may reach (the agent gateway) -------------------------------------
+    def run_dir_inside(self) -> str:
+        """Where :attr:`run_dir` appears inside the sandbox (the local backend: its host path)."""
+        return INNER_RUN
+
+    def listen_in_run_dir(self, name: str) -> tuple[socket.socket, str]:
+        """A listening Unix socket ``run_dir/name`` for a host service that code in this sandbox may use,
+        e.g. the agent gateway; returns it and its path inside the sandbox.
+
+        Nothing else is reachable from inside, so this is the sandbox's only way out. The socket belongs
+        to the sandbox's uid (mode 0600): the run dir is that uid's alone, so no other sandbox or local
+        user can connect. It works on the read-only mount the run dir is inside, and after start."""
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name) or name == SOCKET_NAME:
+            raise RaasError(f"invalid socket name {name!r}", kind="bad_request")
+        if self._closed or not self.run_dir.is_dir():
+            raise RaasError(f"sandbox {self.id} is not running", kind="sandbox_dead")
+        path = self.run_dir / name
+        if len(str(path)) > MAX_SOCKET_PATH:
+            raise RaasError(f"socket path {path} is too long for AF_UNIX", kind="bad_request")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            sock.bind(str(path))
+            os.chmod(path, 0o600)
+            if self.identity.dedicated:
+                os.chown(path, self.identity.uid, self.identity.gid)
+            sock.listen(128)
+        except OSError as e:
+            sock.close()
+            raise RaasError(f"cannot listen on {path}: {e}", kind="sandbox_start_failed") from e
+        return sock, f"{self.run_dir_inside()}/{name}"
 
     # ---- backend hooks -----------------------------------------------------------------------------
     @abstractmethod

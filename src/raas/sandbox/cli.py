@@ -19,6 +19,12 @@ image_app = typer.Typer(no_args_is_help=True)
 def build(
     debian: Annotated[str, typer.Option(help="Debian suite, e.g. bookworm")] = "bookworm",
     packages: Annotated[str, typer.Option(help="comma-separated Debian packages")] = "python3",
+    pip: Annotated[
+        str,
+        typer.Option(
+            help="comma-separated pinned PyPI packages (name==version) for a venv at /opt/raas/venv"
+        ),
+    ] = "",
     output: Annotated[Path | None, typer.Option("-o", "--output", help="also place the rootfs here")] = None,
     sif: Annotated[Path | None, typer.Option(help="also pack a SIF file (apptainer build)")] = None,
     mirror: Annotated[
@@ -29,7 +35,11 @@ def build(
     from raas.sandbox.images import ImageSpec, build_rootfs, build_sif
 
     try:
-        spec = ImageSpec(suite=debian, packages=tuple(p.strip() for p in packages.split(",") if p.strip()))
+        spec = ImageSpec(
+            suite=debian,
+            packages=tuple(p.strip() for p in packages.split(",") if p.strip()),
+            pip=tuple(p.strip() for p in pip.split(",") if p.strip()),
+        )
         root = build_rootfs(spec, mirror=mirror)
         typer.echo(f"rootfs: {root}")
         if output is not None:

@@ -30,6 +30,8 @@ from raas.errors import RaasError
 
 # Bump when the post-processing of an image changes, so cached images are rebuilt.
 LAYOUT_VERSION = 1
+PIP_VENV = "/opt/raas/venv"
+"""Where an image's ``pip`` packages are installed (a virtual environment on the image's python3)."""
 MOUNT_POINTS = (".raas/lib", ".raas/run", ".raas/rw", "workspace", "tmp")
 SOURCE_PREFIXES = ("docker://", "docker-archive:", "oci-archive:", "oras://", "library://")
 
@@ -55,6 +57,9 @@ class ImageSpec:
     packages: tuple[str, ...] = ("python3",)
     variant: str = "minbase"
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    pip: tuple[str, ...] = ()
+    """Pinned PyPI requirements (``name==version``) installed into a venv at :data:`PIP_VENV` on the
+    image's python3 (e.g. an agent harness); needs ``python3-venv`` among ``packages``."""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z][a-z0-9-]*", self.suite):
@@ -62,19 +67,27 @@ class ImageSpec:
         for p in self.packages:
             if not re.fullmatch(r"[a-z0-9][a-z0-9+.\-]*", p):
                 raise RaasError(f"invalid Debian package name {p!r}", kind="bad_request")
+        for r in self.pip:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._\-]*(\[[A-Za-z0-9,._\-]+\])?==[A-Za-z0-9.+!\-]+", r):
+                raise RaasError(f"pip requirement {r!r} is not a pinned name==version", kind="bad_request")
+        if self.pip and "python3-venv" not in self.packages:
+            raise RaasError(
+                "an image with pip packages needs python3-venv among its packages", kind="bad_request"
+            )
         object.__setattr__(self, "packages", tuple(sorted(set(self.packages))))
+        object.__setattr__(self, "pip", tuple(sorted(set(self.pip))))
 
     def key(self) -> str:
         """A short stable hash of the spec (the mirror is where bits come from, not what they are)."""
-        blob = json.dumps(
-            {
-                "suite": self.suite,
-                "packages": list(self.packages),
-                "variant": self.variant,
-                "layout": LAYOUT_VERSION,
-            },
-            sort_keys=True,
-        )
+        spec: dict[str, object] = {
+            "suite": self.suite,
+            "packages": list(self.packages),
+            "variant": self.variant,
+            "layout": LAYOUT_VERSION,
+        }
+        if self.pip:  # absent otherwise, so images built before pip existed keep their keys
+            spec["pip"] = list(self.pip)
+        blob = json.dumps(spec, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -203,6 +216,8 @@ def build_rootfs(spec: ImageSpec, *, cache: Path | None = None, mirror: str | No
                         "apt-get install",
                     )
                     _run(["chroot", str(root), "apt-get", "clean"], "apt-get clean")
+                if spec.pip:
+                    install_pip_packages(root, spec.pip, tmp / "wheels")
             finally:
                 _unmount_below(root)
             shutil.rmtree(root / "var/cache/apt/archives", ignore_errors=True)
@@ -212,7 +227,12 @@ def build_rootfs(spec: ImageSpec, *, cache: Path | None = None, mirror: str | No
             (tmp / "debootstrap.log").unlink(missing_ok=True)
             _ensure_mount_points(root)
             meta = {
-                "spec": {"suite": spec.suite, "packages": list(spec.packages), "variant": spec.variant},
+                "spec": {
+                    "suite": spec.suite,
+                    "packages": list(spec.packages),
+                    "variant": spec.variant,
+                    "pip": list(spec.pip),
+                },
                 "layout": LAYOUT_VERSION,
                 "built_at": time.time(),
             }
@@ -223,6 +243,45 @@ def build_rootfs(spec: ImageSpec, *, cache: Path | None = None, mirror: str | No
         with contextlib.suppress(OSError):  # readable by other users (a shared cache)
             os.chmod(cache, 0o755)
     return final
+
+
+def install_pip_packages(root: Path, requirements: tuple[str, ...], wheelhouse: Path) -> None:
+    """Install pinned PyPI packages into a venv at :data:`PIP_VENV` inside the rootfs ``root``.
+
+    The wheels are fetched (or built) on the host with the host's pip and its index settings, which the
+    image does not have (proxies, certificates, mirrors), then installed offline in a chroot. The host's
+    Python should have the image's minor version (both 3.11 on Debian 12) so binary wheels fit."""
+    import sys
+
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheelhouse), *requirements],
+        "pip wheel (on the host)",
+    )
+    inside = root / "tmp" / "raas-wheels"
+    shutil.copytree(wheelhouse, inside)
+    clean_env = ["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"]
+    try:
+        _run(["chroot", str(root), *clean_env, "python3", "-m", "venv", PIP_VENV], "python3 -m venv")
+        _run(
+            [
+                "chroot",
+                str(root),
+                *clean_env,
+                "PIP_DISABLE_PIP_VERSION_CHECK=1",
+                f"{PIP_VENV}/bin/pip",
+                "install",
+                "--quiet",
+                "--no-index",
+                "--find-links",
+                "/tmp/raas-wheels",
+                *requirements,
+            ],
+            "pip install (in the image)",
+        )
+        _run(["chroot", str(root), "chmod", "-R", "a+rX", PIP_VENV], "chmod")
+    finally:
+        shutil.rmtree(inside, ignore_errors=True)
 
 
 def build_sif(rootfs: Path, sif: Path) -> Path:

@@ -28,6 +28,7 @@ def builtin_handlers() -> dict[str, type[TaskHandler]]:
     """The handlers raas itself ships, by every ``data_source`` they answer to."""
     from raas.tasks.code import CodeHandler
     from raas.tasks.final_number import FinalNumberHandler
+    from raas.tasks.harness import HarnessHandler
     from raas.tasks.math import MathHandler
     from raas.tasks.stem import StemHandler
     from raas.tasks.swe.handler import ALIASES, SweHandler, warm_up
@@ -39,6 +40,7 @@ def builtin_handlers() -> dict[str, type[TaskHandler]]:
         FinalNumberHandler.name: FinalNumberHandler,
         CodeHandler.name: CodeHandler,
         StemHandler.name: StemHandler,
+        HarnessHandler.name: HarnessHandler,
     }
     handlers.update({alias: CodeHandler for alias in CODE_ALIASES})
     handlers.update(dict.fromkeys((SweHandler.name, *ALIASES), SweHandler))

@@ -80,6 +80,8 @@ _SPECS: Dict[Tuple[str, str], ArgSpec] = {
     ("files", "download"): {"path": ("str", True)},
     ("files", "write"): {"path": ("str", True), "mode": ("int", False)},
     ("files", "read"): {"path": ("str", True)},
+    # The agent gateway: a loopback TCP port in the sandbox that leads to a Unix socket (see forward.py).
+    ("gateway", "forward"): {"socket": ("str", True), "port": ("int", False)},
 }
 
 
@@ -173,6 +175,7 @@ class ToolServer:
         self._server: Optional[asyncio.AbstractServer] = None
         self._conns: Dict[asyncio.StreamWriter, Optional[asyncio.Task]] = {}
         self._tasks: Set[asyncio.Task] = set()
+        self._forwarders: Dict[str, Any] = {}  # gateway socket -> forward.Forwarder
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -233,6 +236,8 @@ class ToolServer:
         pending = conn_tasks + list(self._tasks)
         if pending:
             await asyncio.wait(pending, timeout=2.0)
+        for forwarder in self._forwarders.values():
+            await forwarder.close()
         self.bash.close_all()
         if self._ipython is not None:
             await self._ipython.close()
@@ -347,6 +352,8 @@ class ToolServer:
             if op == "ping":
                 return self.info()
             return {"stopping": True}
+        if tool == "gateway":
+            return await self.forward(args["socket"], args.get("port", 0))
         if tool == "bash":
             if op == "run":
                 return await self.bash.run(
@@ -377,6 +384,22 @@ class ToolServer:
         return await _in_thread(editor.run, args)
 
     # -- tools -------------------------------------------------------------------------------
+
+    async def forward(self, target: str, port: int) -> Dict[str, Any]:
+        """Start (once per socket) a 127.0.0.1 TCP port forwarding to the Unix socket ``target``."""
+        from .forward import Forwarder
+
+        forwarder = self._forwarders.get(target)
+        if forwarder is None:
+            if not target.startswith("/"):
+                raise ProtocolError(BAD_REQUEST, "gateway.forward needs an absolute socket path")
+            forwarder = Forwarder(target, port=port)
+            try:
+                await forwarder.start()
+            except OSError as exc:
+                raise ProtocolError(INTERNAL, "cannot listen on 127.0.0.1:%d: %s" % (port, exc)) from None
+            self._forwarders[target] = forwarder
+        return forwarder.info()
 
     def ipython(self) -> Any:
         if self._ipython is None:

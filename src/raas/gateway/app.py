@@ -1,0 +1,221 @@
+"""The gateway's HTTP routes: OpenAI Chat Completions and Responses, Anthropic Messages, models.
+
+Every request belongs to exactly one rollout. On a rollout's own Unix socket (the one bound into its
+sandbox) the socket says which, and the request must also carry that rollout's key; on the service's
+TCP port (mounted at ``/gateway``) the key alone says which. A missing, unknown, revoked or other
+rollout's key is refused with the API's authentication error.
+
+A client that disconnects while its request waits or generates cancels it: nothing is recorded for a
+reply nobody received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from raas.errors import RaasError
+from raas.gateway import shapes
+from raas.gateway.messages import ChatRequest, from_chat, from_messages, from_responses
+from raas.gateway.session import Completion, GatewaySession
+
+if TYPE_CHECKING:
+    from raas.gateway.gateway import Gateway
+
+SESSION_SCOPE_KEY = "raas.gateway.session"
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def request_key(request: Request) -> str | None:
+    """The API key a request carries: ``Authorization: Bearer``, ``x-api-key`` (Anthropic) or ``api-key``."""
+    auth = request.headers.get("authorization", "")
+    scheme, _, value = auth.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    for name in ("x-api-key", "api-key"):
+        if request.headers.get(name):
+            return request.headers[name].strip()
+    return None
+
+
+def create_gateway_app(gateway: Gateway) -> Starlette:
+    """The routes, attributing requests through ``gateway`` (see the module docstring)."""
+
+    def session_of(request: Request) -> GatewaySession:
+        key = request_key(request)
+        bound: GatewaySession | None = request.scope.get(SESSION_SCOPE_KEY)
+        if bound is not None:
+            if key is None or not hmac.compare_digest(key.encode(), bound.key.encode()):
+                raise RaasError(
+                    "invalid API key for this rollout's endpoint", kind="unauthorized", stage="run"
+                )
+            return bound
+        session = gateway.session_for_key(key) if key else None
+        if session is None:
+            raise RaasError("invalid API key: no running rollout has it", kind="unauthorized", stage="run")
+        return session
+
+    async def read_json(request: Request) -> dict[str, Any]:
+        limit = gateway.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise RaasError(f"request body larger than {limit} bytes", kind="payload_too_large", stage="run")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RaasError(
+                    f"request body larger than {limit} bytes", kind="payload_too_large", stage="run"
+                )
+            chunks.append(chunk)
+        try:
+            body = json.loads(b"".join(chunks))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RaasError(f"request body is not JSON: {exc}", kind="bad_request", stage="run") from None
+        if not isinstance(body, dict):
+            raise RaasError("request body must be a JSON object", kind="bad_request", stage="run")
+        return body
+
+    def endpoint(
+        api: str, parse: Callable[[GatewaySession, dict[str, Any]], ChatRequest]
+    ) -> Callable[[Request], Any]:
+        async def handle(request: Request) -> Response:
+            try:
+                session = session_of(request)
+                req = parse(session, await read_json(request))
+                return await serve(request, session, req)
+            except RaasError as exc:
+                return JSONResponse(shapes.error_body(api, exc), status_code=shapes.error_status(exc))
+
+        return handle
+
+    async def serve(request: Request, session: GatewaySession, req: ChatRequest) -> Response:
+        response_id = f"resp_{uuid.uuid4().hex[:24]}"
+        task = asyncio.create_task(session.complete(req))
+        gone = asyncio.create_task(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait(
+                {task, gone},
+                timeout=gateway.keepalive_s if req.stream else None,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        except BaseException:
+            task.cancel()
+            raise
+        finally:
+            gone.cancel()
+            with contextlib.suppress(BaseException):
+                await gone
+        if task in done:
+            completion = task.result()  # a RaasError propagates to the endpoint's error answer
+            if req.api == "responses":
+                session.remember_response(response_id, _conversation_after(req, completion))
+            if req.stream:
+                return StreamingResponse(
+                    iter(_events(req, completion, gateway.model_name, response_id)),
+                    media_type="text/event-stream",
+                    headers=SSE_HEADERS,
+                )
+            return JSONResponse(_body(req, completion, gateway.model_name, response_id))
+        if not req.stream:  # the client left: do not record a reply nobody will read
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            return Response(status_code=499)
+        return StreamingResponse(
+            _wait_then_stream(session, task, req, gateway, response_id),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+
+    async def models(request: Request) -> Response:
+        try:
+            session_of(request)
+        except RaasError as exc:
+            return JSONResponse(shapes.error_body("chat", exc), status_code=shapes.error_status(exc))
+        model = {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "raas"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    def parse_responses(session: GatewaySession, body: dict[str, Any]) -> ChatRequest:
+        prev = body.get("previous_response_id")
+        history = session.history_of(prev) if isinstance(prev, str) else None
+        return from_responses(body, history)
+
+    routes = [
+        Route("/v1/chat/completions", endpoint("chat", lambda s, b: from_chat(b)), methods=["POST"]),
+        Route("/v1/responses", endpoint("responses", parse_responses), methods=["POST"]),
+        Route("/v1/messages", endpoint("messages", lambda s, b: from_messages(b)), methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+    ]
+    return Starlette(routes=routes)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client hangs up (the body has been read, so the next message is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _conversation_after(req: ChatRequest, c: Completion) -> list[dict[str, Any]]:
+    reply: dict[str, Any] = {"role": "assistant", "content": c.content}
+    if c.tool_calls:
+        reply["tool_calls"] = c.tool_calls
+    return [*req.messages, reply]
+
+
+def _body(req: ChatRequest, c: Completion, model: str, response_id: str) -> dict[str, Any]:
+    if req.api == "chat":
+        return shapes.chat_body(c, req, model)
+    if req.api == "responses":
+        return shapes.responses_body(c, req, model, response_id)
+    return shapes.messages_body(c, req, model)
+
+
+def _events(req: ChatRequest, c: Completion, model: str, response_id: str) -> Iterator[str]:
+    if req.api == "chat":
+        return shapes.chat_events(c, req, model)
+    if req.api == "responses":
+        return shapes.responses_events(c, req, model, response_id)
+    return shapes.messages_events(c, req, model)
+
+
+async def _wait_then_stream(
+    session: GatewaySession,
+    task: asyncio.Task[Completion],
+    req: ChatRequest,
+    gateway: Gateway,
+    response_id: str,
+) -> AsyncIterator[str]:
+    """A streaming request still waiting after the first keep-alive interval: keep the connection alive
+    with SSE comments until the reply exists, then stream it (or the error, in the API's in-stream form).
+    If the client leaves, the stream is cancelled and so is the request."""
+    try:
+        while not task.done():
+            yield shapes.KEEPALIVE
+            await asyncio.wait({task}, timeout=gateway.keepalive_s)
+        try:
+            completion = task.result()
+        except RaasError as exc:
+            yield shapes.error_event(req.api, exc)
+            return
+        if req.api == "responses":
+            session.remember_response(response_id, _conversation_after(req, completion))
+        for event in _events(req, completion, gateway.model_name, response_id):
+            yield event
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task

@@ -1,0 +1,382 @@
+"""A completion in each API's response shape, whole or as Server-Sent Events, and each API's errors.
+
+Streams are real SSE: the same events, in the same order, that the OpenAI and Anthropic servers send
+(``data: {chunk}`` lines ending in ``data: [DONE]`` for Chat Completions; ``event: <type>`` +
+``data: {...}`` for Responses and Messages). Generation itself is token-in/token-out and not
+incremental, so the events follow once the policy has finished its reply; while a request waits (e.g.
+the balancer is paused for a weight sync) an SSE comment keeps the connection alive.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from raas.errors import RaasError
+from raas.gateway.messages import ChatRequest
+from raas.gateway.session import Completion, TurnLimit
+
+KEEPALIVE = ": keep-alive\n\n"
+TEXT_CHUNK = 24  # characters per streamed text delta
+
+
+def _pieces(text: str) -> list[str]:
+    return [text[i : i + TEXT_CHUNK] for i in range(0, len(text), TEXT_CHUNK)]
+
+
+def _args_json(call: dict[str, Any]) -> str:
+    return json.dumps(call["arguments"], ensure_ascii=False)
+
+
+def _sse(data: Any, event: str | None = None) -> str:
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _rid(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+# -- OpenAI Chat Completions -------------------------------------------------------------------------------
+
+
+def chat_body(c: Completion, req: ChatRequest, model: str) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": c.content if (c.content or not c.tool_calls) else None,
+    }
+    if c.tool_calls:
+        message["tool_calls"] = [
+            {"id": t["id"], "type": "function", "function": {"name": t["name"], "arguments": _args_json(t)}}
+            for t in c.tool_calls
+        ]
+    return {
+        "id": _rid("chatcmpl"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": req.model or model,
+        "choices": [{"index": 0, "message": message, "finish_reason": c.finish, "logprobs": None}],
+        "usage": _chat_usage(c),
+        "system_fingerprint": None,
+    }
+
+
+def _chat_usage(c: Completion) -> dict[str, Any]:
+    return {
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens,
+        "total_tokens": c.prompt_tokens + c.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": c.cached_tokens},
+    }
+
+
+def chat_events(c: Completion, req: ChatRequest, model: str) -> Iterator[str]:
+    rid, created, name = _rid("chatcmpl"), int(time.time()), req.model or model
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        body = {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": name,
+            "choices": [choice],
+        }
+        return _sse(body)
+
+    yield chunk({"role": "assistant", "content": ""})
+    for piece in _pieces(c.content):
+        yield chunk({"content": piece})
+    for i, t in enumerate(c.tool_calls):
+        head = {
+            "index": i,
+            "id": t["id"],
+            "type": "function",
+            "function": {"name": t["name"], "arguments": ""},
+        }
+        yield chunk({"tool_calls": [head]})
+        for piece in _pieces(_args_json(t)):
+            yield chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+    yield chunk({}, c.finish)
+    if req.include_usage:
+        body = {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": name,
+            "choices": [],
+        }
+        yield _sse({**body, "usage": _chat_usage(c)})
+    yield "data: [DONE]\n\n"
+
+
+# -- OpenAI Responses ----------------------------------------------------------------------------------------
+
+
+def responses_body(c: Completion, req: ChatRequest, model: str, response_id: str) -> dict[str, Any]:
+    return {**_response_frame(req, model, response_id, "completed"), **_response_result(c)}
+
+
+def _response_frame(req: ChatRequest, model: str, response_id: str, status: str) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "model": req.model or model,
+        "output": [],
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "metadata": {},
+        "parallel_tool_calls": True,
+        "temperature": req.sampling.get("temperature"),
+        "top_p": req.sampling.get("top_p"),
+        "tool_choice": req.tool_choice if req.tool_choice in ("auto", "none", "required") else "auto",
+        "tools": [{"type": "function", **t["function"], "strict": False} for t in (req.tools or [])],
+        "previous_response_id": req.previous_response_id,
+        "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "usage": None,
+    }
+
+
+def _output_items(c: Completion) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    if c.content or not c.tool_calls:
+        items.append(
+            {
+                "type": "message",
+                "id": _rid("msg"),
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": c.content, "annotations": [], "logprobs": []}],
+            }
+        )
+    for t in c.tool_calls:
+        items.append(
+            {
+                "type": "function_call",
+                "id": _rid("fc"),
+                "call_id": t["id"],
+                "name": t["name"],
+                "arguments": _args_json(t),
+                "status": "completed",
+            }
+        )
+    return items
+
+
+def _response_result(c: Completion, items: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    incomplete = c.finish == "length"
+    return {
+        "status": "incomplete" if incomplete else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "output": items if items is not None else _output_items(c),
+        "usage": {
+            "input_tokens": c.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": c.cached_tokens},
+            "output_tokens": c.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": c.prompt_tokens + c.completion_tokens,
+        },
+    }
+
+
+def responses_events(c: Completion, req: ChatRequest, model: str, response_id: str) -> Iterator[str]:
+    seq = 0
+
+    def event(kind: str, **data: Any) -> str:
+        nonlocal seq
+        seq += 1
+        return _sse({"type": kind, "sequence_number": seq - 1, **data}, kind)
+
+    frame = _response_frame(req, model, response_id, "in_progress")
+    yield event("response.created", response=frame)
+    yield event("response.in_progress", response=frame)
+    items = _output_items(c)
+    for index, item in enumerate(items):
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            yield event(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "status": "in_progress", "content": []},
+            )
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            yield event(
+                "response.content_part.added",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part=part,
+            )
+            for piece in _pieces(text):
+                yield event(
+                    "response.output_text.delta",
+                    item_id=item["id"],
+                    output_index=index,
+                    content_index=0,
+                    delta=piece,
+                    logprobs=[],
+                )
+            yield event(
+                "response.output_text.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                text=text,
+                logprobs=[],
+            )
+            yield event(
+                "response.content_part.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part={**part, "text": text},
+            )
+        else:
+            yield event(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "status": "in_progress", "arguments": ""},
+            )
+            for piece in _pieces(item["arguments"]):
+                yield event(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=index,
+                    delta=piece,
+                )
+            yield event(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=index,
+                name=item["name"],
+                arguments=item["arguments"],
+            )
+        yield event("response.output_item.done", output_index=index, item=item)
+    done = {**_response_frame(req, model, response_id, "completed"), **_response_result(c, items)}
+    yield event(
+        "response.incomplete" if done["status"] == "incomplete" else "response.completed", response=done
+    )
+
+
+# -- Anthropic Messages -------------------------------------------------------------------------------------
+
+
+def _stop_reason(c: Completion) -> str:
+    if c.tool_calls:
+        return "tool_use"
+    return "max_tokens" if c.finish == "length" else "end_turn"
+
+
+def messages_body(c: Completion, req: ChatRequest, model: str) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    if c.content or not c.tool_calls:
+        content.append({"type": "text", "text": c.content})
+    for t in c.tool_calls:
+        content.append({"type": "tool_use", "id": t["id"], "name": t["name"], "input": t["arguments"]})
+    return {
+        "id": _rid("msg"),
+        "type": "message",
+        "role": "assistant",
+        "model": req.model or model,
+        "content": content,
+        "stop_reason": _stop_reason(c),
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": c.prompt_tokens,
+            "output_tokens": c.completion_tokens,
+            "cache_read_input_tokens": c.cached_tokens,
+            "cache_creation_input_tokens": 0,
+        },
+    }
+
+
+def messages_events(c: Completion, req: ChatRequest, model: str) -> Iterator[str]:
+    body = messages_body(c, req, model)
+    start = {**body, "content": [], "stop_reason": None, "usage": {**body["usage"], "output_tokens": 0}}
+    yield _sse({"type": "message_start", "message": start}, "message_start")
+    for index, block in enumerate(body["content"]):
+        if block["type"] == "text":
+            yield _sse(
+                {
+                    "type": "content_block_start",
+                    "index": index,
+                    "content_block": {"type": "text", "text": ""},
+                },
+                "content_block_start",
+            )
+            for piece in _pieces(block["text"]):
+                delta = {"type": "text_delta", "text": piece}
+                yield _sse(
+                    {"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"
+                )
+        else:
+            head = {**block, "input": {}}
+            yield _sse(
+                {"type": "content_block_start", "index": index, "content_block": head}, "content_block_start"
+            )
+            for piece in _pieces(json.dumps(block["input"], ensure_ascii=False)):
+                delta = {"type": "input_json_delta", "partial_json": piece}
+                yield _sse(
+                    {"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"
+                )
+        yield _sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+    end: dict[str, Any] = {
+        "type": "message_delta",
+        "delta": {"stop_reason": body["stop_reason"], "stop_sequence": None},
+    }
+    yield _sse({**end, "usage": {"output_tokens": c.completion_tokens}}, "message_delta")
+    yield _sse({"type": "message_stop"}, "message_stop")
+
+
+# -- errors ----------------------------------------------------------------------------------------------------
+
+# kind -> (HTTP status, OpenAI error type, Anthropic error type)
+_ERRORS: dict[str, tuple[int, str, str]] = {
+    "bad_request": (400, "invalid_request_error", "invalid_request_error"),
+    "context_window_exceeded": (400, "invalid_request_error", "invalid_request_error"),
+    "unauthorized": (401, "authentication_error", "authentication_error"),
+    "not_found": (404, "not_found_error", "not_found_error"),
+    "payload_too_large": (413, "invalid_request_error", "request_too_large"),
+    "llm_unavailable": (503, "server_error", "overloaded_error"),
+    "unavailable": (503, "server_error", "overloaded_error"),
+    "llm_timeout": (504, "server_error", "api_error"),
+    "llm_error": (502, "server_error", "api_error"),
+}
+
+
+def error_status(exc: RaasError) -> int:
+    return _ERRORS.get(exc.kind, (500, "server_error", "api_error"))[0]
+
+
+def error_body(api: str, exc: RaasError) -> dict[str, Any]:
+    status, openai_type, anthropic_type = _ERRORS.get(exc.kind, (500, "server_error", "api_error"))
+    if api == "messages":
+        return {"type": "error", "error": {"type": anthropic_type, "message": exc.message}}
+    code: str | None = None
+    if exc.kind == "context_window_exceeded":
+        code = "context_length_exceeded"
+    elif isinstance(exc, TurnLimit):
+        code = "turn_limit"
+    elif status >= 500:
+        code = exc.kind
+    return {"error": {"message": exc.message, "type": openai_type, "param": None, "code": code}}
+
+
+def error_event(api: str, exc: RaasError) -> str:
+    """An error after the stream's headers went out (the request waited past the first keep-alive)."""
+    body = error_body(api, exc)
+    if api == "messages":
+        return _sse(body, "error")
+    if api == "responses":
+        return _sse(
+            {"type": "error", "code": body["error"]["code"], "message": exc.message, "sequence_number": 0},
+            "error",
+        )
+    return _sse(body)

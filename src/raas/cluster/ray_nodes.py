@@ -171,7 +171,11 @@ def place(
         ).remote(node_config(base, node_id, capacity), node_id, capacity)
         pending.append((node, actor, True))
     for node, actor, created in pending:
-        info = ray.get(actor.start.remote(), timeout=start_timeout_s)
+        try:
+            info = ray.get(actor.start.remote(), timeout=start_timeout_s)
+        except ray.exceptions.RayError as exc:  # a node that died after Ray last listed it alive
+            log.warning("no raas node service on Ray node %s: %s", node["NodeID"][:12], exc)
+            continue
         placed.append(
             Placement(
                 node_id=node["NodeID"],

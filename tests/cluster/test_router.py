@@ -85,6 +85,9 @@ async def test_jobs_of_a_node_that_stops_answering_finish_on_another(tmp_path: P
                         details = [d or "" for _s, _a, d in await router.ledger.transitions(j)]
                         assert any(d.startswith("moved: node static-0") for d in details), details
                     assert sorted(router.finished.items()) == [("completed", 6)]
+                    # The live dashboard is served by the router too, with its nodes as the node table.
+                    snap = (await http.get("/dashboard/snapshot")).json()
+                    assert url_b in {n["url"] for n in snap["nodes"]}
         finally:
             if url_a:
                 await cm_a.__aexit__(None, None, None)

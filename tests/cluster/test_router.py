@@ -45,7 +45,12 @@ async def router_over(
     router = ClusterRouter(
         ServiceConfig(state_dir=state_dir, cancel_grace_s=2.0, max_pending=kw.pop("max_pending", 1024)),
         StaticNodeSource(urls, capacity=2),
-        RouterSettings(poll_s=0.2, node_deadline_s=1.0, submit_wait_s=kw.pop("submit_wait_s", 10.0)),
+        RouterSettings(
+            poll_s=0.2,
+            node_deadline_s=1.0,
+            submit_wait_s=kw.pop("submit_wait_s", 10.0),
+            reconcile_s=kw.pop("reconcile_s", 30.0),
+        ),
     )
     async with served(router) as url:
         deadline = time.monotonic() + 30
@@ -125,3 +130,17 @@ async def test_without_nodes_jobs_wait_queued_and_the_router_is_bounded(tmp_path
             assert (await result(http, "q1"))["error"]["kind"] == "cancelled"
             assert (await http.post("/v1/jobs", json=job("q2"))).json()["created"] is False
     assert not router.jobs or set(router.jobs) == {"q2"}
+
+
+async def test_a_result_the_event_stream_missed_is_picked_up_by_the_periodic_reconcile(
+    tmp_path: Path,
+) -> None:
+    async with served(RolloutService(node_config(tmp_path / "a"))) as node_url:
+        async with router_over([node_url], tmp_path / "r", reconcile_s=0.5) as (url, router):
+            node = next(iter(router.nodes.values()))
+            assert node.follower is not None
+            node.follower.cancel()  # the stream goes silent while the node still counts as connected
+            await asyncio.gather(node.follower, return_exceptions=True)
+            async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as http:
+                assert (await http.post("/v1/jobs", json=job("quiet", run_s=0.2))).status_code == 202
+                assert (await result(http, "quiet"))["status"] == "completed"

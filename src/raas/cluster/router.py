@@ -174,12 +174,19 @@ class ClusterRouter(NodeFollowing):
     # -- membership ----------------------------------------------------------------------------------------
 
     async def _membership_loop(self) -> None:
+        last_reconcile = time.monotonic()
         while True:
             await asyncio.sleep(self.settings.poll_s)
             try:
                 await self._refresh()
             except Exception:
                 log.exception("could not refresh the node list")
+            if time.monotonic() - last_reconcile >= self.settings.reconcile_s:
+                # A result whose fetch failed while the stream stayed up is picked up here.
+                last_reconcile = time.monotonic()
+                for node in list(self.nodes.values()):
+                    if node.connected and node.jobs:
+                        self._spawn(self._reconcile(node), f"raas-router-reconcile-{node.node_id[:12]}")
 
     async def _refresh(self) -> None:
         records = await self.source.snapshot()

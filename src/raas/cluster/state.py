@@ -63,4 +63,5 @@ class RouterSettings:
     poll_s: float = 1.0  # how often it asks the node source for the membership
     node_deadline_s: float = 15.0  # unreachable this long (while Ray still lists it) = lost
     max_moves: int = 3  # how many node losses one job may survive
+    reconcile_s: float = 30.0  # how often each node is asked about its jobs anyway (a missed result)
     submit_wait_s: float = 10.0  # how long submit waits for the first hand-over (its errors are the caller's)

@@ -260,6 +260,16 @@ async def test_cli_status_and_router(cluster: tuple[LocalRayCluster, dict[str, A
     )
     assert st.returncode == 0, st.stderr
     nodes = json.loads(st.stdout)["nodes"]
+    up = await asyncio.to_thread(
+        subprocess.run,
+        [*cli, "up", *where, "--port", "0", "--sandbox", "local"],
+        env=c.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert up.returncode == 0, up.stderr
+    assert up.stderr.count("running ") == len(CAPACITIES)  # one service per node already: nothing started
     assert sorted(n["url"] for n in nodes) == sorted(p.url for p in info["placed"])
     assert all(n["alive"] and n["capacity"] == 2 for n in nodes)
     port = free_port()

@@ -3,7 +3,7 @@
 against the layer order, lowest first:
 
     raas.errors, raas.core  →  raas.toolserver  →  raas.sandbox, raas.llm  →  raas.agent  →  raas.gateway
-    →  raas.tasks  →  raas.pipeline  →  raas.api  →  raas.cli
+    →  raas.tasks  →  raas.pipeline  →  raas.api  →  raas.cluster  →  raas.cli
 
 ``raas.toolserver`` runs inside sandboxes and imports nothing from raas; ``raas.trainer`` is an HTTP client
 and imports only ``raas.errors`` and ``raas.core``; packages on the same tier (``sandbox``, ``llm``) do not
@@ -32,6 +32,7 @@ TIERS: list[set[str]] = [
     {"tasks"},
     {"pipeline"},
     {"api"},
+    {"cluster"},
     {"trainer"},
     {"cli"},
 ]

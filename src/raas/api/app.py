@@ -20,14 +20,14 @@ from raas.api import dashboard, errors, native, prorl
 from raas.api.dashboard_stats import ServiceStats
 from raas.api.limits import HttpLimits, fit_to_fd_limit, guarded_protocol
 from raas.api.middleware import GuardMiddleware
+from raas.api.protocol import Served
 from raas.errors import RaasError
 from raas.pipeline.config import ServiceConfig
-from raas.pipeline.service import RolloutService
 
 log = logging.getLogger("raas.api")
 
 
-def create_app(service: RolloutService, *, manage_service: bool = True) -> FastAPI:
+def create_app(service: Served, *, manage_service: bool = True) -> FastAPI:
     """An app serving ``service``. With ``manage_service`` the app starts the service on startup and shuts
     it down (gracefully, ``shutdown_grace_s``) when the server stops."""
 
@@ -71,15 +71,18 @@ def create_app(service: RolloutService, *, manage_service: bool = True) -> FastA
 
 class _GatewayRoutes:
     """The agent gateway's routes under ``/gateway`` (OpenAI ``/gateway/v1/...``, Anthropic
-    ``/gateway/v1/messages``), attributed by each rollout's key; the gateway exists once the service runs."""
+    ``/gateway/v1/messages``), attributed by each rollout's key; the gateway exists once the service runs.
+    A cluster router has none: its rollouts reach the gateway of the node that runs them."""
 
-    def __init__(self, service: RolloutService) -> None:
+    def __init__(self, service: Served) -> None:
         self.service = service
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gateway = self.service.gateway
+        gateway = getattr(self.service, "gateway", None)
         if gateway is None:
-            body = errors.error_body("unavailable", "the service has not started")
+            body = errors.error_body(
+                "unavailable", "no agent gateway here (not started, or a cluster router)"
+            )
             await JSONResponse(body, status_code=503)(scope, receive, send)
             return
         await gateway.app(scope, receive, send)
@@ -90,9 +93,7 @@ class _Server(uvicorn.Server):
     connection would hold the server's graceful shutdown for its whole timeout). Without
     ``handle_signals`` it installs no signal handlers: its owner decides when it stops."""
 
-    def __init__(
-        self, config: uvicorn.Config, service: RolloutService, *, handle_signals: bool = True
-    ) -> None:
+    def __init__(self, config: uvicorn.Config, service: Served, *, handle_signals: bool = True) -> None:
         super().__init__(config)
         self._service = service
         self._handle_signals = handle_signals
@@ -188,7 +189,7 @@ def listen_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 
 
 async def serve(
-    service: RolloutService, *, host: str | None = None, port: int | None = None, log_level: str = "info"
+    service: Served, *, host: str | None = None, port: int | None = None, log_level: str = "info"
 ) -> None:
     """Serve ``service`` over HTTP until SIGINT/SIGTERM, then shut it down gracefully.
 
@@ -209,7 +210,7 @@ async def serve(
 
 @asynccontextmanager
 async def served(
-    service: RolloutService,
+    service: Served,
     *,
     host: str = "127.0.0.1",
     port: int = 0,

@@ -59,7 +59,10 @@ class StageStatus(BaseModel):
 
 class StatusResponse(BaseModel):
     """Service state. ``status``/``pending_jobs`` are the ProRL server's fields (``running`` once started
-    through ``/start``, else ``stopped``); the rest is raas's own view."""
+    through ``/start``, else ``stopped``); the rest is raas's own view (a cluster router adds ``nodes`` and
+    ``unassigned``)."""
+
+    model_config = ConfigDict(extra="allow")
 
     status: str
     pending_jobs: int

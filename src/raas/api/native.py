@@ -22,16 +22,16 @@ from raas.api.models import (
     ServersResponse,
     error_responses,
 )
+from raas.api.protocol import Served, settle
 from raas.core.jobs import JOB_ID_PATTERN, JobInfo, JobRequest, JobResult, SubmitResponse
 from raas.errors import RaasError
-from raas.pipeline.service import RolloutService
 
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="The job's id")]
 SSE_HEARTBEAT_S = 15.0
 
 
-def service_of(request: Request) -> RolloutService:
-    service: RolloutService = request.app.state.service
+def service_of(request: Request) -> Served:
+    service: Served = request.app.state.service
     return service
 
 
@@ -207,8 +207,10 @@ async def list_servers(request: Request) -> ServersResponse:
 )
 async def add_server(body: AddServerRequest, request: Request) -> ServersResponse:
     service = service_of(request)
-    service.add_llm_server(
-        normalize_address(body.address), weight_version=body.weight_version, kind=body.kind
+    await settle(
+        service.add_llm_server(
+            normalize_address(body.address), weight_version=body.weight_version, kind=body.kind
+        )
     )
     return ServersResponse(servers=service.llm_servers())
 
@@ -225,7 +227,7 @@ async def remove_server(
     request: Request,
 ) -> ServersResponse:
     service = service_of(request)
-    service.remove_llm_server(normalize_address(unquote(address)))
+    await settle(service.remove_llm_server(normalize_address(unquote(address))))
     return ServersResponse(servers=service.llm_servers())
 
 
@@ -235,7 +237,7 @@ async def remove_server(
     responses=error_responses(*BODY_ERRORS, 401, 503, _503="No LLM layer"),
 )
 async def clear_servers(request: Request) -> OkResponse:
-    service_of(request).clear_llm_servers()
+    await settle(service_of(request).clear_llm_servers())
     return OkResponse(detail="cleared")
 
 

@@ -30,9 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from raas.api.errors import error_body
 from raas.api.models import BODY_ERRORS, ProcessFailure, StatusResponse, error_responses
 from raas.api.native import check_job_sizes, normalize_address, service_of
+from raas.api.protocol import Served, settle
 from raas.core.jobs import JobRequest, JobResult, valid_job_id
 from raas.errors import RaasError
-from raas.pipeline.service import RolloutService
 
 NOT_RUNNING = "Server is not running. Please start the server first."
 NO_LLM = "No LLM server addresses configured. Please add at least one LLM server address."
@@ -223,7 +223,7 @@ async def add_llm_server(body: LLMServerRequest, request: Request) -> StatusMess
     address = normalize_address(body.address)
     known = {str(s.get("address", "")).rstrip("/") for s in service.llm_servers()}
     if address not in known:
-        service.add_llm_server(address)
+        await settle(service.add_llm_server(address))
     return StatusMessage(status=f"Added LLM server address: {body.address}")
 
 
@@ -233,7 +233,7 @@ async def add_llm_server(body: LLMServerRequest, request: Request) -> StatusMess
     responses=error_responses(*BODY_ERRORS, 401, 503, _503="No LLM layer"),
 )
 async def clear_llm_server(request: Request) -> StatusMessage:
-    service_of(request).clear_llm_servers()
+    await settle(service_of(request).clear_llm_servers())
     return StatusMessage(status="Cleared all LLM server addresses")
 
 
@@ -252,7 +252,7 @@ async def clear_llm_server(request: Request) -> StatusMessage:
 async def process(body: ProcessRequest, request: Request) -> Any:
     """Run one job to the end and return its result (blocking)."""
     gate = gate_of(request)
-    service: RolloutService = service_of(request)
+    service: Served = service_of(request)
     if not gate.running or not service.accepting:
         return _detail(503, NOT_RUNNING, "unavailable")
     if not service.llm_servers():

@@ -10,6 +10,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="raas: Rollou
 def _mount() -> None:
     """Attach the commands; a layer owns its own ``cli.py``."""
     from raas.cli import run, serve, status
+    from raas.cli.cluster import cluster_app
     from raas.llm.cli import llm_app, tokenizer_app
     from raas.sandbox.cli import image_app
     from raas.tasks.swe.cli import app as swe_app
@@ -23,6 +24,7 @@ def _mount() -> None:
     app.add_typer(tokenizer_app, name="tokenizer", help="Chat-template checks.")
     app.add_typer(swe_app, name="swe", help="Build SWE-style tasks offline from real packages.")
     app.add_typer(images_app, name="images", help="Pre-build the images a dataset's tasks need.")
+    app.add_typer(cluster_app, name="cluster", help="raas on a Ray cluster: node services and the router.")
 
 
 _mount()

@@ -14,18 +14,17 @@ the pty through the event loop (never by sleeping or polling), and turns deadlin
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import functools
 import os
-import shutil
 import signal
 import termios
 from typing import Any, Callable, Dict, List, Optional
 
 from . import bashproto, ptyctl
+from . import loop as aio
 from .output import OutputBuffer
-from .procs import Reaper, kill_tree
+from .procs import Reaper, find_bash, kill_tree
 from .protocol import BAD_REQUEST, TOOL_ERROR, TOOL_UNAVAILABLE, ProtocolError
 
 # How long an interrupted command gets to return to the prompt before harsher steps.
@@ -35,8 +34,6 @@ INTERRUPT_GRACE_S = 1.0
 INTERRUPT_STEP_S = 0.02
 PROBE_SETTLE_S = 0.25
 START_TIMEOUT_S = 30.0
-DEFAULT_TIMEOUT_S = 600.0
-DEFAULT_INPUT_WAIT_S = 10.0
 MAX_INPUT = 1 << 20
 _PROMPT_ENV = ("PS0", "PS1", "PS2", "PROMPT_COMMAND")
 
@@ -71,14 +68,14 @@ class BashSession:
         self._reaper = reaper
         self._runner = runner
         self._dims = (rows, cols)
-        self.lock = asyncio.Lock()
+        self.lock = aio.Lock()
         self.proc: Any = None
         self.pid = -1
         self.fd = -1
         self.alive = False
         self.returncode: Optional[int] = None
         self.retired = False
-        self._exited: Optional[asyncio.Future] = None
+        self._exited: Optional[aio.Future] = None
         self._fds: List[int] = []
         self._cmd_fd = -1
         self._paths: Optional[bashproto.Paths] = None
@@ -86,7 +83,7 @@ class BashSession:
         self._seq = 0
         self._nonce = ""
         self._state = bashproto.ShellState()
-        self._done: Optional[asyncio.Future] = None
+        self._done: Optional[aio.Future] = None
         self._buffer = OutputBuffer(4096)
         self._modes: Optional[List[Any]] = None
         self._tty = -1
@@ -108,7 +105,7 @@ class BashSession:
         bash = find_bash()
         if bash is None:
             raise ProtocolError(TOOL_UNAVAILABLE, "bash is unavailable: the sandbox has no bash")
-        loop = asyncio.get_running_loop()
+        loop = aio.get_running_loop()
         self._scanner = bashproto.ReportScanner()
         self._buffer = OutputBuffer(4096)
         self._seq = 0
@@ -155,7 +152,7 @@ class BashSession:
         loop.add_reader(self.fd, self._on_readable)
         self.last_output = loop.time()
         try:
-            done, _ = await asyncio.wait({self._done}, timeout=START_TIMEOUT_S)
+            done, _ = await aio.wait({self._done}, timeout=START_TIMEOUT_S)
             if not done:
                 raise ProtocolError(TOOL_ERROR, "bash did not start within %ss" % START_TIMEOUT_S)
             self._settle(self._done.result())
@@ -188,7 +185,7 @@ class BashSession:
     def close(self) -> None:
         """Kill the shell with everything it started, and release the pty and descriptors."""
         try:
-            loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+            loop: Optional[aio.Loop] = aio.get_running_loop()
         except RuntimeError:
             loop = None
         for fd in [self.fd, *self._fds]:
@@ -230,7 +227,7 @@ class BashSession:
             self._on_eof()
             return
         self._take(data)
-        self.last_output = asyncio.get_running_loop().time()
+        self.last_output = aio.get_running_loop().time()
 
     def _take(self, data: bytes) -> None:
         output, reports = self._scanner.feed(data)
@@ -259,7 +256,7 @@ class BashSession:
 
     def _on_eof(self) -> None:
         try:
-            asyncio.get_running_loop().remove_reader(self.fd)
+            aio.get_running_loop().remove_reader(self.fd)
         except (RuntimeError, ValueError):
             pass
         self.alive = False
@@ -278,7 +275,7 @@ class BashSession:
         if self.fd >= 0:
             self._drain_pty()
             try:
-                asyncio.get_running_loop().remove_reader(self.fd)
+                aio.get_running_loop().remove_reader(self.fd)
             except (RuntimeError, ValueError):
                 pass
         self.alive = False
@@ -306,7 +303,7 @@ class BashSession:
         del self._nonces[-8:]
         return nonce
 
-    def _start_command(self, command: str) -> asyncio.Future:
+    def _start_command(self, command: str) -> aio.Future:
         data = bashproto.command_bytes(command)
         inline = bashproto.inline_argument(data)
         if inline is None:
@@ -318,7 +315,7 @@ class BashSession:
         line = bashproto.command_line(
             self._seq, self._nonce, self._state, inline, self._paths, bashproto.needs_runner(command)
         )
-        done = asyncio.get_running_loop().create_future()
+        done = aio.get_running_loop().create_future()
         self._done = done
         self._prepare_tty()
         try:
@@ -351,7 +348,7 @@ class BashSession:
         self._buffer = OutputBuffer(cap)
         # Output that arrived between commands (background jobs) belongs to this one.
         self._buffer.feed(pending_head + pending_tail)
-        self.last_output = asyncio.get_running_loop().time()
+        self.last_output = aio.get_running_loop().time()
         done = self._start_command(command)
         return await self._follow(done, limits, cap, restart, interrupt=None)
 
@@ -367,7 +364,7 @@ class BashSession:
         data = bashproto.input_bytes(text)
         if len(data) > MAX_INPUT:
             raise ProtocolError(BAD_REQUEST, "input of %d bytes exceeds %d bytes" % (len(data), MAX_INPUT))
-        loop = asyncio.get_running_loop()
+        loop = aio.get_running_loop()
         self.last_output = loop.time()
         mode = "hard" if interrupt else None
         if data == b"\x03" and ptyctl.signals_enabled(self.fd):
@@ -382,8 +379,8 @@ class BashSession:
                 await self._write_input(data, done, limits.deadline(loop.time()))
         return await self._follow(done, limits, cap, restart, interrupt=mode)
 
-    async def _write_input(self, data: bytes, done: asyncio.Future, deadline: float) -> None:
-        loop = asyncio.get_running_loop()
+    async def _write_input(self, data: bytes, done: aio.Future, deadline: float) -> None:
+        loop = aio.get_running_loop()
         while data and not done.done():
             try:
                 n = os.write(self.fd, data)
@@ -396,7 +393,7 @@ class BashSession:
             writable = loop.create_future()
             loop.add_writer(self.fd, _resolve, writable)
             try:
-                await asyncio.wait({writable, done}, timeout=max(0.0, deadline - loop.time()))
+                await aio.wait({writable, done}, timeout=max(0.0, deadline - loop.time()))
             finally:
                 loop.remove_writer(self.fd)
             if loop.time() >= deadline:
@@ -404,7 +401,7 @@ class BashSession:
 
     async def _follow(
         self,
-        done: asyncio.Future,
+        done: aio.Future,
         limits: bashproto.Limits,
         cap: int,
         restart: Callable[[], Any],
@@ -433,7 +430,7 @@ class BashSession:
             if isinstance(exc, SessionDead):
                 if self.returncode is None and self._exited is not None:
                     # EOF on the pty can come just before the exit status.
-                    await asyncio.wait({self._exited}, timeout=INTERRUPT_GRACE_S)
+                    await aio.wait({self._exited}, timeout=INTERRUPT_GRACE_S)
                 # The shell's own exit status (``exit 3``); none when a signal killed it.
                 exit_code = self.returncode if self.returncode is not None and self.returncode >= 0 else None
                 restarted = True
@@ -499,9 +496,9 @@ class BashSession:
             self._buffer.drop_suffix(bashproto.probe_line(self._seq, self._nonce, self._paths))
         self._buffer.drop_suffix(report.prompt.encode("utf-8", "replace"))
 
-    async def _wait(self, done: asyncio.Future, limits: bashproto.Limits) -> str:
+    async def _wait(self, done: aio.Future, limits: bashproto.Limits) -> str:
         """Wait for the report: ``done``, ``timeout``, ``no_output`` or ``waiting``. Timers, no polling."""
-        loop = asyncio.get_running_loop()
+        loop = aio.get_running_loop()
         hard = limits.deadline(loop.time())
         silence = limits.silence
         check = self.last_output + silence if silence else float("inf")
@@ -522,7 +519,7 @@ class BashSession:
             await _until(done, min(hard, check))
         return "done"
 
-    async def _interrupt(self, done: asyncio.Future, escalate: bool = True) -> bool:
+    async def _interrupt(self, done: aio.Future, escalate: bool = True) -> bool:
         """SIGINT the foreground job, then SIGKILL it; True once bash reported the command's end.
 
         SIGINT goes to the process group directly (not as a ``^C`` byte), so ``stty raw``/``-isig`` cannot
@@ -531,7 +528,7 @@ class BashSession:
         printed something (or has been quiet for :data:`PROBE_SETTLE_S`), a probe line asks for the status.
         Without ``escalate``, a program that keeps the terminal (a REPL catching Ctrl-C) is left running.
         """
-        loop = asyncio.get_running_loop()
+        loop = aio.get_running_loop()
         signalled = loop.time()
         self._signal_foreground(signal.SIGINT)
         deadline = signalled + INTERRUPT_GRACE_S
@@ -563,7 +560,7 @@ class BashSession:
                     deadline = now + INTERRUPT_GRACE_S
             elif now >= deadline:
                 break  # bash itself does not come back (a shell loop that ignores SIGINT)
-            await asyncio.wait({done}, timeout=INTERRUPT_STEP_S)
+            await aio.wait({done}, timeout=INTERRUPT_STEP_S)
         return done.done()
 
     def _signal_foreground(self, sig: int) -> None:
@@ -589,16 +586,16 @@ class BashSession:
             pass
 
 
-def _resolve(fut: asyncio.Future, *_: Any) -> None:
+def _resolve(fut: aio.Future, *_: Any) -> None:
     if not fut.done():
         fut.set_result(None)
 
 
-async def _until(done: asyncio.Future, when: float) -> None:
+async def _until(done: aio.Future, when: float) -> None:
     """Wait for ``done`` or the loop time ``when``, whichever comes first (one timer, no wrapper tasks)."""
     if done.done():
         return
-    loop = asyncio.get_running_loop()
+    loop = aio.get_running_loop()
     wake = loop.create_future()
     timer = loop.call_at(when, _resolve, wake) if when != float("inf") else None
     callback = functools.partial(_resolve, wake)
@@ -609,9 +606,3 @@ async def _until(done: asyncio.Future, when: float) -> None:
         done.remove_done_callback(callback)
         if timer is not None:
             timer.cancel()
-
-
-def find_bash() -> Optional[str]:
-    if os.access("/bin/bash", os.X_OK):
-        return "/bin/bash"
-    return shutil.which("bash")

@@ -2,37 +2,107 @@
 
 The kernel starts on the first request (most rollouts never use it). A run that exceeds its timeout
 is interrupted; a kernel that stays busy, or dies, is restarted and the result says so.
+
+``jupyter_client`` needs a real asyncio loop, which the tool server does not run (it would cost most of
+its start-up): :class:`IPythonThread` runs the tool on an asyncio loop in a thread of its own, created with
+the first ipython request, and hands results back to the server's loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import inspect
 import os
 import signal
 import subprocess
-from typing import Any, Dict, List, Optional
+import threading
+from typing import Any, Callable, Dict, List, Optional
 
+from . import loop as aio
 from .output import OutputBuffer, cap_text, clean_text
 from .procs import Reaper, kill_tree
 from .protocol import TOOL_ERROR, TOOL_UNAVAILABLE, ProtocolError
+from .pysite import ipython_available, load_site
 
 START_TIMEOUT_S = 60.0
 INTERRUPT_GRACE_S = 3.0
 MAX_IMAGES = 16
 
-_available: Optional[bool] = None
+__all__ = ["IPythonThread", "IPythonTool", "ipython_available"]
 
 
-def ipython_available() -> bool:
-    """Whether this interpreter can drive and run a kernel (checked once, without importing them)."""
-    global _available
-    if _available is None:
-        _available = all(
-            importlib.util.find_spec(name) is not None for name in ("jupyter_client", "ipykernel", "zmq")
-        )
-    return _available
+class _ThreadReaper:
+    """The server's reaper as the kernel thread sees it: exit callbacks run on the kernel's loop."""
+
+    def __init__(self, reaper: Reaper, loop: asyncio.AbstractEventLoop) -> None:
+        self._reaper = reaper
+        self._loop = loop
+
+    def watch(self, pid: int, callback: Callable[[int], None]) -> None:
+        def on_exit(code: int) -> None:
+            self._loop.call_soon_threadsafe(callback, code)
+
+        self._reaper.watch(pid, on_exit)
+
+    def unwatch(self, pid: int) -> None:
+        self._reaper.unwatch(pid)
+
+
+class IPythonThread:
+    """:class:`IPythonTool` on an asyncio loop in its own thread, awaited from the server's loop."""
+
+    def __init__(self, workdir: str, env: Dict[str, str], tmpdir: str, reaper: Reaper) -> None:
+        load_site()  # jupyter_client lives in site-packages, which the server skipped at start-up
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="raas-ipython", daemon=True)
+        self._thread.start()
+        self._args = (workdir, env, tmpdir, _ThreadReaper(reaper, self._loop))
+        self._tool: Optional[IPythonTool] = None
+
+    async def _on_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._tool is None:
+            self._tool = IPythonTool(*self._args)  # type: ignore[arg-type]
+        return await fn(self._tool, *args)
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        ours = aio.get_running_loop()
+        done = ours.create_future()
+        cf = asyncio.run_coroutine_threadsafe(self._on_thread(fn, *args), self._loop)
+
+        def settle(_: Any) -> None:
+            if done.done():
+                return
+            if cf.cancelled():
+                done.set_exception(ProtocolError(TOOL_ERROR, "the ipython call was cancelled"))
+            elif cf.exception() is not None:
+                done.set_exception(cf.exception())  # type: ignore[arg-type]
+            else:
+                done.set_result(cf.result())
+
+        cf.add_done_callback(lambda _: ours.call_soon_threadsafe(settle, None))
+        try:
+            return await done
+        except aio.CancelledError:
+            cf.cancel()
+            raise
+
+    async def run(self, code: str, timeout_s: Optional[float], cap: int) -> Dict[str, Any]:
+        return await self._call(IPythonTool.run, code, timeout_s, cap)
+
+    async def restart(self) -> Dict[str, Any]:
+        return await self._call(IPythonTool.restart)
+
+    async def close(self) -> None:
+        """Stop the kernel, then the thread's loop (the thread ends with it)."""
+        if self._tool is not None:
+            try:
+                await self._call(IPythonTool.close)
+            except Exception:
+                pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        await aio.get_running_loop().run_in_thread(self._thread.join, 5.0)
+        if not self._thread.is_alive():
+            self._loop.close()
 
 
 class IPythonTool:

@@ -11,7 +11,8 @@ Per backend and tree:
 * ``cpu_ready_ms``: CPU time (user+sys, from ``/proc/PID/task/*/schedstat``, ns resolution) of the
   sandbox's processes alive at ready (runtime helpers that already exited are not counted) — robust on a
   loaded machine, unlike wall time;
-* ``first_call_ms``: the first ``bash echo`` after ready (a bash session starts there);
+* ``first_call_ms`` / ``cpu_first_call_ms``: the first ``bash echo`` after ready (a bash session starts
+  there, and the tool server imports the bash tool), its wall time and the CPU it cost the sandbox;
 * ``idle_pss_kb`` / ``busy_pss_kb`` / ``procs_*``: PSS summed over the sandbox's processes (from
   ``/proc/PID/smaps_rollup``) and their number, idle after start and after one bash call;
 * ``all_ready_<N>_ms``: N bwrap sandboxes started at once, the time until all are ready;
@@ -77,7 +78,7 @@ async def worker(backend: str, image: str | None, n: int, concurrent: int) -> di
     from raas.sandbox import SandboxConfig, SandboxManager, procs
 
     config = SandboxConfig(backend=backend, image=image, start_timeout_s=300)
-    out: dict[str, Any] = {"ready_ms": [], "cpu_ready_ms": [], "first_call_ms": []}
+    out: dict[str, Any] = {"ready_ms": [], "cpu_ready_ms": [], "first_call_ms": [], "cpu_first_call_ms": []}
     with tempfile.TemporaryDirectory(prefix="raas-cold-") as state:
         manager = SandboxManager(state)
         try:
@@ -87,7 +88,8 @@ async def worker(backend: str, image: str | None, n: int, concurrent: int) -> di
                 sb = await manager.start(config, owner="cold")
                 out["ready_ms"].append((time.perf_counter() - t0) * 1000)
                 pids = procs.pids_with_env(sb.id)
-                out["cpu_ready_ms"].append(sum(cpu_ns(p) for p in pids) / 1e6)
+                cpu_ready = sum(cpu_ns(p) for p in pids)
+                out["cpu_ready_ms"].append(cpu_ready / 1e6)
                 if i == 0:
                     await asyncio.sleep(0.5)
                     out["procs_idle"] = len(pids)
@@ -96,6 +98,8 @@ async def worker(backend: str, image: str | None, n: int, concurrent: int) -> di
                 r = await sb.tools.bash("echo hello")
                 out["first_call_ms"].append((time.perf_counter() - t1) * 1000)
                 assert r.output == "hello\n", r
+                cpu_after = sum(cpu_ns(p) for p in procs.pids_with_env(sb.id))
+                out["cpu_first_call_ms"].append((cpu_after - cpu_ready) / 1e6)
                 if i == 0:
                     await asyncio.sleep(0.5)
                     pids = procs.pids_with_env(sb.id)

@@ -19,13 +19,16 @@ import functools
 import os
 import signal
 import termios
-from typing import Any, Callable, Dict, List, Optional
 
 from . import bashproto, ptyctl
 from . import loop as aio
 from .output import OutputBuffer
 from .procs import Reaper, find_bash, kill_tree
 from .protocol import BAD_REQUEST, TOOL_ERROR, TOOL_UNAVAILABLE, ProtocolError
+
+TYPE_CHECKING = False  # typing is not imported at run time: it costs a sandbox's first call
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional
 
 # How long an interrupted command gets to return to the prompt before harsher steps.
 INTERRUPT_GRACE_S = 1.0

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, List, Optional
 
 from . import bashproto, ptyctl
 from . import loop as aio
 from .bash import BashSession
 from .procs import Reaper
 from .protocol import DEFAULT_INPUT_WAIT_S, DEFAULT_TIMEOUT_S, TOOL_ERROR, ProtocolError
+
+TYPE_CHECKING = False  # typing is not imported at run time: it costs a sandbox's first call
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional
 
 
 class BashTool:

@@ -16,7 +16,11 @@ import os
 import signal
 import struct
 import termios
-from typing import Any, Iterable, List, Optional, Set
+
+TYPE_CHECKING = False  # typing is not imported at run time: it costs a sandbox's first call
+if TYPE_CHECKING:
+    from typing import Any, Iterable, List, Optional, Set
+
 
 TIOCGPTPEER = 0x5441
 TIOCGPTN = 0x80045430

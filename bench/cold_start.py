@@ -13,6 +13,7 @@ Per backend and tree:
   loaded machine, unlike wall time;
 * ``first_call_ms`` / ``cpu_first_call_ms``: the first ``bash echo`` after ready (a bash session starts
   there, and the tool server imports the bash tool), its wall time and the CPU it cost the sandbox;
+* ``echo_ms``: warm ``bash echo`` calls (the server's event loop per call);
 * ``idle_pss_kb`` / ``busy_pss_kb`` / ``procs_*``: PSS summed over the sandbox's processes (from
   ``/proc/PID/smaps_rollup``) and their number, idle after start and after one bash call;
 * ``all_ready_<N>_ms``: N bwrap sandboxes started at once, the time until all are ready;
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+ECHOES = 100  # warm ``echo`` calls per worker: the event loop's own cost per call
 
 
 def percentile(xs: list[float], p: float) -> float:
@@ -105,6 +107,11 @@ async def worker(backend: str, image: str | None, n: int, concurrent: int) -> di
                     pids = procs.pids_with_env(sb.id)
                     out["procs_busy"] = len(pids)
                     out["busy_pss_kb"] = sum(pss_kb(p) for p in pids)
+                    out["echo_ms"] = []
+                    for _ in range(ECHOES):
+                        t1 = time.perf_counter()
+                        await sb.tools.bash("echo hello")
+                        out["echo_ms"].append((time.perf_counter() - t1) * 1000)
                 await sb.close()
             if concurrent:
                 t0 = time.perf_counter()

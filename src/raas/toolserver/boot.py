@@ -40,7 +40,11 @@ import sys
 # ``python -c`` puts the working directory ('') first on sys.path, ``-m`` the directory it started in.
 # Modules this process imports later (lazily, after the sandbox's code could write there) must never
 # come from a directory the sandbox can write to.
-sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
+try:
+    _START_DIR = os.getcwd()
+except OSError:  # started in a directory that no longer exists
+    _START_DIR = ""
+sys.path[:] = [p for p in sys.path if p not in ("", ".", _START_DIR)]
 
 TYPE_CHECKING = False  # typing (and the re it imports) stays out of the start-up
 if TYPE_CHECKING:

@@ -15,10 +15,9 @@ import inspect
 import os
 import signal
 import subprocess
-import threading
 from typing import Any, Callable, Dict, List, Optional
 
-from . import loop as aio
+from .aiothread import AsyncioThread
 from .output import OutputBuffer, cap_text, clean_text
 from .procs import Reaper, kill_tree
 from .protocol import TOOL_ERROR, TOOL_UNAVAILABLE, ProtocolError
@@ -31,60 +30,22 @@ MAX_IMAGES = 16
 __all__ = ["IPythonThread", "IPythonTool", "ipython_available"]
 
 
-class _ThreadReaper:
-    """The server's reaper as the kernel thread sees it: exit callbacks run on the kernel's loop."""
-
-    def __init__(self, reaper: Reaper, loop: asyncio.AbstractEventLoop) -> None:
-        self._reaper = reaper
-        self._loop = loop
-
-    def watch(self, pid: int, callback: Callable[[int], None]) -> None:
-        def on_exit(code: int) -> None:
-            self._loop.call_soon_threadsafe(callback, code)
-
-        self._reaper.watch(pid, on_exit)
-
-    def unwatch(self, pid: int) -> None:
-        self._reaper.unwatch(pid)
-
-
 class IPythonThread:
-    """:class:`IPythonTool` on an asyncio loop in its own thread, awaited from the server's loop."""
+    """:class:`IPythonTool` on an :class:`.aiothread.AsyncioThread`, awaited from the server's loop."""
 
     def __init__(self, workdir: str, env: Dict[str, str], tmpdir: str, reaper: Reaper) -> None:
         load_site()  # jupyter_client lives in site-packages, which the server skipped at start-up
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="raas-ipython", daemon=True)
-        self._thread.start()
-        self._args = (workdir, env, tmpdir, _ThreadReaper(reaper, self._loop))
+        self._thread = AsyncioThread("raas-ipython", reaper)
+        self._args = (workdir, env, tmpdir, self._thread.reaper)
         self._tool: Optional[IPythonTool] = None
 
-    async def _on_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if self._tool is None:
-            self._tool = IPythonTool(*self._args)  # type: ignore[arg-type]
-        return await fn(self._tool, *args)
-
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        ours = aio.get_running_loop()
-        done = ours.create_future()
-        cf = asyncio.run_coroutine_threadsafe(self._on_thread(fn, *args), self._loop)
+        async def on_thread() -> Any:
+            if self._tool is None:  # created there: asyncio objects bind to that loop on 3.8/3.9
+                self._tool = IPythonTool(*self._args)  # type: ignore[arg-type]
+            return await fn(self._tool, *args)
 
-        def settle(_: Any) -> None:
-            if done.done():
-                return
-            if cf.cancelled():
-                done.set_exception(ProtocolError(TOOL_ERROR, "the ipython call was cancelled"))
-            elif cf.exception() is not None:
-                done.set_exception(cf.exception())  # type: ignore[arg-type]
-            else:
-                done.set_result(cf.result())
-
-        cf.add_done_callback(lambda _: ours.call_soon_threadsafe(settle, None))
-        try:
-            return await done
-        except aio.CancelledError:
-            cf.cancel()
-            raise
+        return await self._thread.run(on_thread)
 
     async def run(self, code: str, timeout_s: Optional[float], cap: int) -> Dict[str, Any]:
         return await self._call(IPythonTool.run, code, timeout_s, cap)
@@ -93,16 +54,13 @@ class IPythonThread:
         return await self._call(IPythonTool.restart)
 
     async def close(self) -> None:
-        """Stop the kernel, then the thread's loop (the thread ends with it)."""
+        """Stop the kernel, then the thread."""
         if self._tool is not None:
             try:
                 await self._call(IPythonTool.close)
             except Exception:
                 pass
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        await aio.get_running_loop().run_in_thread(self._thread.join, 5.0)
-        if not self._thread.is_alive():
-            self._loop.close()
+        await self._thread.close()
 
 
 class IPythonTool:

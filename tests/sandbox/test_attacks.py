@@ -404,3 +404,23 @@ async def test_no_host_paths_or_environment_inside(
         for mark in host_marks:
             assert mark not in out, f"{mark!r} visible inside"
         assert "APPTAINER" not in out and "SINGULARITY" not in out
+
+
+# -- 9. modules planted for the tool server's own lazy imports -------------------------------------------
+
+PLANTED = ("re", "termios", "pty", "tty", "fnmatch", "ptyprocess")
+
+
+@pytest.mark.parametrize("backend", ["local", "bwrap", "apptainer"])
+async def test_modules_planted_in_the_workdir_never_run_in_the_tool_server(
+    sandbox_manager: SandboxManager, sandbox_config: SandboxConfig
+) -> None:
+    """The server imports the bash tool (``re``, ``termios``, ``ptyprocess``, ...) with the first bash
+    call, after the sandbox could write to its working directory: modules planted there must not load."""
+    async with sandbox_manager.sandbox(sandbox_config, owner="attacker") as sb:
+        workdir = str(sb.workspace) if sandbox_config.backend == "local" else sandbox_config.workdir
+        for name in PLANTED:
+            payload = f"open(__file__ + '.ran', 'w').close()\nraise ImportError('planted {name}')\n"
+            await sb.tools.write_file(f"{workdir}/{name}.py", payload)
+        r = await sb.tools.bash("echo up; ls *.ran 2>/dev/null | wc -l")
+        assert r.exit_code == 0 and r.output == "up\n0\n", r

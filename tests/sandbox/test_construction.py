@@ -16,6 +16,7 @@ from raas.sandbox.backends.apptainer import ApptainerSandbox
 from raas.sandbox.backends.bwrap import BwrapSandbox, bwrap_version
 from raas.sandbox.backends.docker import DockerSandbox, PodmanSandbox
 from raas.sandbox.backends.local import LocalSandbox
+from raas.sandbox.base import BOOT_CODE
 from raas.sandbox.images import (
     ImageSpec,
     conversion_command,
@@ -96,7 +97,7 @@ def test_local_command(tmp_path: Path) -> None:
 
 
 def boot_options(argv: list[str]) -> list[str]:
-    i = argv.index("raas_toolserver.boot")
+    i = argv.index(BOOT_CODE)
     return argv[i + 1 : argv.index("--", i)]
 
 
@@ -148,7 +149,7 @@ def test_bwrap_command(tmp_path: Path, as_root: bool) -> None:
     assert flag_pairs(boot, "--rlimit") == ["NPROC=50"]
     for flag in ("--mount-ns", "--readonly-rest", "--drop-caps"):
         assert flag in boot
-    server = argv[argv.index("--", argv.index("raas_toolserver.boot")) + 1 :]
+    server = argv[argv.index("--", argv.index(BOOT_CODE)) + 1 :]
     assert server[server.index("--socket") + 1] == "/.raas/run/tool.sock"
     assert flag_pairs(server, "--max-sessions") == ["32"]
 
@@ -199,7 +200,7 @@ def test_apptainer_command(tmp_path: Path, as_root: bool) -> None:
     assert spec.env["APPTAINERENV_A"] == "x,y"
     assert spec.env["APPTAINERENV_PYTHONPATH"] == "/.raas/lib"
     assert spec.env["HOME"] == str(sb.home_dir)
-    assert argv[argv.index("/img") + 1 :][:3] == ["python3", "-m", "raas_toolserver.boot"]
+    assert argv[argv.index("/img") + 1 :][:4] == ["python3", "-S", "-c", BOOT_CODE]
     assert "--drop-caps" in boot_options(argv) and "--readonly-rest" in boot_options(argv)
 
 
@@ -233,7 +234,7 @@ def test_docker_command(tmp_path: Path, cls: type, cli: str) -> None:
     assert flag_pairs(argv, "--ulimit") == [f"fsize={10 << 20}:{10 << 20}"]
     assert "RAAS_SANDBOX_ID=sb-0123456789ab" in flag_pairs(argv, "-e")
     i = argv.index("python:3.12-slim")
-    assert argv[i + 1 : i + 4] == ["python3", "-m", "raas_toolserver.boot"]
+    assert argv[i + 1 : i + 5] == ["python3", "-S", "-c", BOOT_CODE]
 
 
 def test_rlimits_are_applied_by_the_boot_step(tmp_path: Path) -> None:

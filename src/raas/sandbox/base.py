@@ -47,6 +47,8 @@ INNER_RUN = "/.raas/run"
 INNER_LIB = "/.raas/lib"
 INNER_AREA = "/.raas/rw"
 SOCKET_NAME = "tool.sock"
+# What the sandbox's python3 runs (with ``-S -c``): the boot step, then the tool server.
+BOOT_CODE = "import raas_toolserver.boot as b; b.main()"
 # AF_UNIX sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
 
@@ -295,8 +297,14 @@ class Sandbox(ABC):
         return [*args, *self.rlimit_args(), "--drop-caps"]
 
     def boot_command(self, python: str, boot_args: list[str], socket: str, workdir: str) -> list[str]:
-        """``python -m raas_toolserver.boot <boot args> -- <server args>``."""
-        return [python, "-m", "raas_toolserver.boot", *boot_args, "--", *self.server_args(socket, workdir)]
+        """``python -S -c BOOT_CODE <boot args> -- <server args>``.
+
+        ``-S``: the server needs nothing from site-packages at start-up, and processing them (``.pth``
+        files, venvs) costs about as much CPU as the rest of its start; the IPython tool loads them when
+        first used (:mod:`raas_toolserver.pysite`). ``-c`` rather than ``-m``: runpy and what it imports
+        cost another third; the boot step takes the working directory off ``sys.path`` either way."""
+        server = self.server_args(socket, workdir)
+        return [python, "-S", "-c", BOOT_CODE, *boot_args, "--", *server]
 
     # ---- state -------------------------------------------------------------------------------------
     @property

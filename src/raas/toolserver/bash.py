@@ -15,19 +15,21 @@ turns deadlines into results:
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
-import shutil
 import signal
 import termios
-from typing import Any, Callable, Dict, List, Optional
 
 from . import bashproto, ptyctl
+from . import loop as aio
 from .loopwait import until, write_until
 from .output import OutputBuffer
-from .procs import Reaper, kill_tree
+from .procs import Reaper, find_bash, kill_tree
 from .protocol import BAD_REQUEST, TOOL_ERROR, TOOL_UNAVAILABLE, ProtocolError
+
+TYPE_CHECKING = False  # typing is not imported at run time: it costs a sandbox's first call
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional
 
 # How long an interrupted command gets to return to the prompt before harsher steps.
 INTERRUPT_GRACE_S = 1.0
@@ -36,8 +38,6 @@ INTERRUPT_GRACE_S = 1.0
 INTERRUPT_STEP_S = 0.02
 PROBE_SETTLE_S = 0.25
 START_TIMEOUT_S = 30.0
-DEFAULT_TIMEOUT_S = 600.0
-DEFAULT_INPUT_WAIT_S = 10.0
 MAX_INPUT = 1 << 20
 _PROMPT_ENV = ("PS0", "PS1", "PS2", "PROMPT_COMMAND")
 
@@ -72,14 +72,14 @@ class BashSession:
         self._reaper = reaper
         self._runner = runner
         self._dims = (rows, cols)
-        self.lock = asyncio.Lock()
+        self.lock = aio.Lock()
         self.proc: Any = None
         self.pid = -1
         self.fd = -1
         self.alive = False
         self.returncode: Optional[int] = None
         self.retired = False
-        self._exited: Optional[asyncio.Future] = None
+        self._exited: Optional[aio.Future] = None
         self._fds: List[int] = []
         self._cmd_fd = -1
         self._paths: Optional[bashproto.Paths] = None
@@ -87,7 +87,7 @@ class BashSession:
         self._seq = 0
         self._nonce = ""
         self._state = bashproto.ShellState()
-        self._done: Optional[asyncio.Future] = None
+        self._done: Optional[aio.Future] = None
         self._buffer = OutputBuffer(4096)
         self._modes: Optional[List[Any]] = None
         self._tty = -1
@@ -109,7 +109,7 @@ class BashSession:
         bash = find_bash()
         if bash is None:
             raise ProtocolError(TOOL_UNAVAILABLE, "bash is unavailable: the sandbox has no bash")
-        loop = asyncio.get_running_loop()
+        loop = aio.get_running_loop()
         self._scanner = bashproto.ReportScanner()
         self._buffer = OutputBuffer(4096)
         self._seq = 0
@@ -156,7 +156,7 @@ class BashSession:
         loop.add_reader(self.fd, self._on_readable)
         self.last_output = loop.time()
         try:
-            done, _ = await asyncio.wait({self._done}, timeout=START_TIMEOUT_S)
+            done, _ = await aio.wait({self._done}, timeout=START_TIMEOUT_S)
             if not done:
                 raise ProtocolError(TOOL_ERROR, "bash did not start within %ss" % START_TIMEOUT_S)
             self._settle(self._done.result())
@@ -189,7 +189,7 @@ class BashSession:
     def close(self) -> None:
         """Kill the shell with everything it started, and release the pty and descriptors."""
         try:
-            loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+            loop: Optional[aio.Loop] = aio.get_running_loop()
         except RuntimeError:
             loop = None
         for fd in [self.fd, *self._fds]:
@@ -231,7 +231,7 @@ class BashSession:
             self._on_eof()
             return
         self._take(data)
-        self.last_output = asyncio.get_running_loop().time()
+        self.last_output = aio.get_running_loop().time()
 
     def _take(self, data: bytes) -> None:
         output, reports = self._scanner.feed(data)
@@ -260,7 +260,7 @@ class BashSession:
 
     def _on_eof(self) -> None:
         try:
-            asyncio.get_running_loop().remove_reader(self.fd)
+            aio.get_running_loop().remove_reader(self.fd)
         except (RuntimeError, ValueError):
             pass
         self.alive = False
@@ -279,7 +279,7 @@ class BashSession:
         if self.fd >= 0:
             self._drain_pty()
             try:
-                asyncio.get_running_loop().remove_reader(self.fd)
+                aio.get_running_loop().remove_reader(self.fd)
             except (RuntimeError, ValueError):
                 pass
         self.alive = False
@@ -307,7 +307,7 @@ class BashSession:
         del self._nonces[-8:]
         return nonce
 
-    def _start_command(self, command: str) -> asyncio.Future:
+    def _start_command(self, command: str) -> aio.Future:
         data = bashproto.command_bytes(command)
         inline = bashproto.inline_argument(data)
         if inline is None:
@@ -319,7 +319,7 @@ class BashSession:
         line = bashproto.command_line(
             self._seq, self._nonce, self._state, inline, self._paths, bashproto.needs_runner(command)
         )
-        done = asyncio.get_running_loop().create_future()
+        done = aio.get_running_loop().create_future()
         self._done = done
         self._prepare_tty()
         try:
@@ -352,7 +352,7 @@ class BashSession:
         self._buffer = OutputBuffer(cap)
         # Output that arrived between commands (background jobs) belongs to this one.
         self._buffer.feed(pending_head + pending_tail)
-        self.last_output = asyncio.get_running_loop().time()
+        self.last_output = aio.get_running_loop().time()
         done = self._start_command(command)
         return await self._follow(done, limits, cap, restart, interrupt=None)
 
@@ -368,7 +368,7 @@ class BashSession:
         data = bashproto.input_bytes(text)
         if len(data) > MAX_INPUT:
             raise ProtocolError(BAD_REQUEST, "input of %d bytes exceeds %d bytes" % (len(data), MAX_INPUT))
-        loop = asyncio.get_running_loop()
+        loop = aio.get_running_loop()
         self.last_output = loop.time()
         mode = "hard" if interrupt else None
         if data == b"\x03" and ptyctl.signals_enabled(self.fd):
@@ -385,7 +385,7 @@ class BashSession:
 
     async def _follow(
         self,
-        done: asyncio.Future,
+        done: aio.Future,
         limits: bashproto.Limits,
         cap: int,
         restart: Callable[[], Any],
@@ -414,7 +414,7 @@ class BashSession:
             if isinstance(exc, SessionDead):
                 if self.returncode is None and self._exited is not None:
                     # EOF on the pty can come just before the exit status.
-                    await asyncio.wait({self._exited}, timeout=INTERRUPT_GRACE_S)
+                    await aio.wait({self._exited}, timeout=INTERRUPT_GRACE_S)
                 # The shell's own exit status (``exit 3``); none when a signal killed it.
                 exit_code = self.returncode if self.returncode is not None and self.returncode >= 0 else None
                 restarted = True
@@ -480,9 +480,9 @@ class BashSession:
             self._buffer.drop_suffix(bashproto.probe_line(self._seq, self._nonce, self._paths))
         self._buffer.drop_suffix(report.prompt.encode("utf-8", "replace"))
 
-    async def _wait(self, done: asyncio.Future, limits: bashproto.Limits) -> str:
+    async def _wait(self, done: aio.Future, limits: bashproto.Limits) -> str:
         """Wait for the report: ``done``, ``timeout``, ``no_output`` or ``waiting``. Timers, no polling."""
-        loop = asyncio.get_running_loop()
+        loop = aio.get_running_loop()
         hard = limits.deadline(loop.time())
         silence = limits.silence
         check = self.last_output + silence if silence else float("inf")
@@ -503,7 +503,7 @@ class BashSession:
             await until(done, min(hard, check))
         return "done"
 
-    async def _interrupt(self, done: asyncio.Future, escalate: bool = True) -> bool:
+    async def _interrupt(self, done: aio.Future, escalate: bool = True) -> bool:
         """SIGINT the foreground job, then SIGKILL it; True once bash reported the command's end.
 
         SIGINT goes to the process group directly (not as a ``^C`` byte), so ``stty raw``/``-isig`` cannot
@@ -512,7 +512,7 @@ class BashSession:
         printed something (or has been quiet for :data:`PROBE_SETTLE_S`), a probe line asks for the status.
         Without ``escalate``, a program that keeps the terminal (a REPL catching Ctrl-C) is left running.
         """
-        loop = asyncio.get_running_loop()
+        loop = aio.get_running_loop()
         signalled = loop.time()
         self._signal_foreground(signal.SIGINT)
         deadline = signalled + INTERRUPT_GRACE_S
@@ -544,7 +544,7 @@ class BashSession:
                     deadline = now + INTERRUPT_GRACE_S
             elif now >= deadline:
                 break  # bash itself does not come back (a shell loop that ignores SIGINT)
-            await asyncio.wait({done}, timeout=INTERRUPT_STEP_S)
+            await aio.wait({done}, timeout=INTERRUPT_STEP_S)
         return done.done()
 
     def _signal_foreground(self, sig: int) -> None:
@@ -568,9 +568,3 @@ class BashSession:
             os.write(self.fd, bashproto.probe_line(self._seq, self._nonce, self._paths))
         except OSError:
             pass
-
-
-def find_bash() -> Optional[str]:
-    if os.access("/bin/bash", os.X_OK):
-        return "/bin/bash"
-    return shutil.which("bash")

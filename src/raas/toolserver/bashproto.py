@@ -27,7 +27,11 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import List, NamedTuple, Optional, Tuple
+from collections import namedtuple
+
+TYPE_CHECKING = False  # typing is not imported at run time: it costs a sandbox's first call
+if TYPE_CHECKING:
+    from typing import List, Optional, Tuple
 
 MAX_REPORT = 16384
 """A report is a few hundred bytes (the cwd is at most PATH_MAX); a longer field is garbage."""
@@ -95,13 +99,13 @@ __raas_in=1 __raas_so=$SHELLOPTS
 """
 
 
-class Paths(NamedTuple):
-    """Where bash finds the server's descriptors: ``/proc/<server pid>/fd/<n>`` (nothing to delete)."""
+class Paths(namedtuple("Paths", "command defs runner")):
+    """Where bash finds the server's descriptors: ``/proc/<server pid>/fd/<n>`` (nothing to delete).
 
-    command: str
-    defs: str
-    runner: str
-    """A file holding ``\\builtin eval "$__raas_c"``, sourced instead of a direct ``eval`` (see below)."""
+    ``command``, ``defs`` (str); ``runner``: a file holding ``\\builtin eval "$__raas_c"``, sourced
+    instead of a direct ``eval`` (see below)."""
+
+    __slots__ = ()
 
 
 def proc_fd_path(pid: int, fd: int) -> str:
@@ -163,19 +167,18 @@ def needs_runner(command: str) -> bool:
     return _EDITING_WORD.search(command) is not None
 
 
-class ShellState(NamedTuple):
-    """What the previous report said about the shell, which the next command line restores."""
+class ShellState(namedtuple("ShellState", "status flags saved", defaults=(0, "", "1"))):
+    """What the previous report said about the shell, which the next command line restores.
 
-    status: int = 0
-    """``$?`` for the next command."""
-    flags: str = ""
-    """Options hidden between commands: x(trace), v(erbose), h(istory), y (vi), e(macs); a(llexport).
+    * ``status`` (int): ``$?`` for the next command.
+    * ``flags`` (str): options hidden between commands: x(trace), v(erbose), h(istory), y (vi), e(macs);
+      a(llexport). Distinct letters whatever their case: a terminal in ``olcuc`` mode prints the report
+      in upper case.
+    * ``saved`` (str): prompt variables the user had set (hidden between commands): 0, 1 for PS0, PS1;
+      c for PROMPT_COMMAND. PS2 is never shown: every line the tool writes is a complete command.
+    """
 
-    Distinct letters whatever their case: a terminal in ``olcuc`` mode prints the report in upper case."""
-    saved: str = "1"
-    """Prompt variables the user had set (hidden between commands): 0, 1 for PS0, PS1; c for PROMPT_COMMAND.
-
-    PS2 is never shown: every line the tool writes is a complete command."""
+    __slots__ = ()
 
 
 # Restores PS0/1/2 in one assignment; the DEBUG trap turns tracing back on at the user's first command.
@@ -248,19 +251,13 @@ def probe_line(seq: int, nonce: str, paths: Paths) -> bytes:
     return line.encode("ascii")
 
 
-class Report(NamedTuple):
-    nonce: str
-    seq: int
-    status: int
-    flags: str
-    """See :attr:`ShellState.flags`."""
-    saved: str
-    """See :attr:`ShellState.saved`."""
-    cwd: str
-    prompt: str
-    """The user's expanded PS1 (probe reports only): the prompt bash printed after an aborted command."""
-    prompt0: str
-    """The user's expanded PS0 (probe reports only): printed before bash ran the probe line."""
+class Report(namedtuple("Report", "nonce seq status flags saved cwd prompt prompt0")):
+    """One report: ``nonce`` (str), ``seq``, ``status`` (int), ``flags``, ``saved`` (see
+    :class:`ShellState`), ``cwd``; ``prompt``: the user's expanded PS1 (probe reports only: the prompt
+    bash printed after an aborted command); ``prompt0``: the user's expanded PS0 (probe reports only:
+    printed before bash ran the probe line)."""
+
+    __slots__ = ()
 
     def state(self) -> ShellState:
         return ShellState(self.status, self.flags, self.saved)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
-from typing import Any, Callable, Dict, List, Optional
 
 from . import bashproto, ptyctl
-from .bash import DEFAULT_INPUT_WAIT_S, DEFAULT_TIMEOUT_S, BashSession
+from . import loop as aio
+from .bash import BashSession
 from .procs import Reaper
-from .protocol import TOOL_ERROR, ProtocolError
+from .protocol import DEFAULT_INPUT_WAIT_S, DEFAULT_TIMEOUT_S, TOOL_ERROR, ProtocolError
+
+TYPE_CHECKING = False  # typing is not imported at run time: it costs a sandbox's first call
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional
 
 
 class BashTool:
@@ -34,7 +37,7 @@ class BashTool:
         self.input_wait_s = input_wait_s
         self.sessions: Dict[str, BashSession] = {}
         # Sessions being started count against the limit too, so concurrent first calls cannot overshoot.
-        self._starting: Dict[str, asyncio.Future] = {}
+        self._starting: Dict[str, aio.Future] = {}
         self._runner_fd = -1
 
     def _runner_path(self) -> str:
@@ -52,14 +55,14 @@ class BashTool:
             pending = self._starting.get(name)
             if pending is None:
                 break
-            await asyncio.wait({pending})  # another call is starting it: use that one
+            await aio.wait({pending})  # another call is starting it: use that one
         if len(self.sessions) + len(self._starting) >= self.max_sessions:
             raise ProtocolError(
                 TOOL_ERROR,
                 "too many bash sessions (limit %d: %d open, %d starting); close one first"
                 % (self.max_sessions, len(self.sessions), len(self._starting)),
             )
-        started = asyncio.get_running_loop().create_future()
+        started = aio.get_running_loop().create_future()
         self._starting[name] = started
         try:
             session = BashSession(name, self.workdir, self.env, self.tmpdir, self.reaper, self._runner_path())

@@ -31,16 +31,26 @@ Runs on the image's own python3 (>= 3.8), stdlib only.
 
 from __future__ import annotations
 
+import _socket
 import ctypes
-import ctypes.util
 import errno
 import os
 import resource
-import shutil
-import socket
 import stat
 import sys
-from typing import Dict, List, Optional, Tuple
+
+# ``python -c`` puts the working directory ('') first on sys.path, ``-m`` the directory it started in.
+# Modules this process imports later (lazily, after the sandbox's code could write there) must never
+# come from a directory the sandbox can write to.
+try:
+    _START_DIR = os.getcwd()
+except OSError:  # started in a directory that no longer exists
+    _START_DIR = ""
+sys.path[:] = [p for p in sys.path if p not in ("", ".", _START_DIR)]
+
+TYPE_CHECKING = False  # typing (and the re it imports) stays out of the start-up
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
 
 CLONE_NEWNS = 0x00020000
 MS_RDONLY = 1
@@ -100,7 +110,13 @@ _libc = None
 def libc() -> ctypes.CDLL:
     global _libc
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        # The interpreter links libc: its symbols are in the global namespace (no ctypes.util search).
+        lib = ctypes.CDLL(None, use_errno=True)
+        if not hasattr(lib, "mount"):
+            from ctypes.util import find_library
+
+            lib = ctypes.CDLL(find_library("c"), use_errno=True)
+        _libc = lib
     return _libc
 
 
@@ -168,6 +184,8 @@ def populate(src: str, dest: str) -> None:
                 os.chmod(d, stat.S_IMODE(st.st_mode))
                 os.utime(d, ns=(st.st_atime_ns, st.st_mtime_ns))
             elif stat.S_ISREG(st.st_mode):
+                import shutil  # only images whose workdir has content need it
+
                 shutil.copy2(s, d, follow_symlinks=False)
     except OSError as exc:
         raise SetupError("copying %s into the sandbox's writable area: %s" % (src, exc)) from None
@@ -277,7 +295,7 @@ def listen_unix(path: str) -> int:
         os.unlink(path)
     except FileNotFoundError:
         pass
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.bind(path)
         os.chmod(path, 0o600)

@@ -2,37 +2,65 @@
 
 The kernel starts on the first request (most rollouts never use it). A run that exceeds its timeout
 is interrupted; a kernel that stays busy, or dies, is restarted and the result says so.
+
+``jupyter_client`` needs a real asyncio loop, which the tool server does not run (it would cost most of
+its start-up): :class:`IPythonThread` runs the tool on an asyncio loop in a thread of its own, created with
+the first ipython request, and hands results back to the server's loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import inspect
 import os
 import signal
 import subprocess
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
+from .aiothread import AsyncioThread
 from .output import OutputBuffer, cap_text, clean_text
 from .procs import Reaper, kill_tree
 from .protocol import TOOL_ERROR, TOOL_UNAVAILABLE, ProtocolError
+from .pysite import ipython_available, load_site
 
 START_TIMEOUT_S = 60.0
 INTERRUPT_GRACE_S = 3.0
 MAX_IMAGES = 16
 
-_available: Optional[bool] = None
+__all__ = ["IPythonThread", "IPythonTool", "ipython_available"]
 
 
-def ipython_available() -> bool:
-    """Whether this interpreter can drive and run a kernel (checked once, without importing them)."""
-    global _available
-    if _available is None:
-        _available = all(
-            importlib.util.find_spec(name) is not None for name in ("jupyter_client", "ipykernel", "zmq")
-        )
-    return _available
+class IPythonThread:
+    """:class:`IPythonTool` on an :class:`.aiothread.AsyncioThread`, awaited from the server's loop."""
+
+    def __init__(self, workdir: str, env: Dict[str, str], tmpdir: str, reaper: Reaper) -> None:
+        load_site()  # jupyter_client lives in site-packages, which the server skipped at start-up
+        self._thread = AsyncioThread("raas-ipython", reaper)
+        self._args = (workdir, env, tmpdir, self._thread.reaper)
+        self._tool: Optional[IPythonTool] = None
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        async def on_thread() -> Any:
+            if self._tool is None:  # created there: asyncio objects bind to that loop on 3.8/3.9
+                self._tool = IPythonTool(*self._args)  # type: ignore[arg-type]
+            return await fn(self._tool, *args)
+
+        return await self._thread.run(on_thread)
+
+    async def run(self, code: str, timeout_s: Optional[float], cap: int) -> Dict[str, Any]:
+        return await self._call(IPythonTool.run, code, timeout_s, cap)
+
+    async def restart(self) -> Dict[str, Any]:
+        return await self._call(IPythonTool.restart)
+
+    async def close(self) -> None:
+        """Stop the kernel, then the thread."""
+        if self._tool is not None:
+            try:
+                await self._call(IPythonTool.close)
+            except Exception:
+                pass
+        await self._thread.close()
 
 
 class IPythonTool:

@@ -6,22 +6,26 @@ whose buffer may be full; both must cost nothing while nothing happens (no sleep
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
-from typing import Any
+
+from . import loop as aio
+
+TYPE_CHECKING = False  # typing is not imported at run time: it costs a sandbox's first call
+if TYPE_CHECKING:
+    from typing import Any
 
 
-def _resolve(fut: asyncio.Future, *_: Any) -> None:
+def _resolve(fut: aio.Future, *_: Any) -> None:
     if not fut.done():
         fut.set_result(None)
 
 
-async def until(done: asyncio.Future, when: float) -> None:
+async def until(done: aio.Future, when: float) -> None:
     """Wait for ``done`` or the loop time ``when``, whichever comes first (one timer, no wrapper tasks)."""
     if done.done():
         return
-    loop = asyncio.get_running_loop()
+    loop = aio.get_running_loop()
     wake = loop.create_future()
     timer = loop.call_at(when, _resolve, wake) if when != float("inf") else None
     callback = functools.partial(_resolve, wake)
@@ -34,10 +38,10 @@ async def until(done: asyncio.Future, when: float) -> None:
             timer.cancel()
 
 
-async def write_until(fd: int, data: bytes, done: asyncio.Future, deadline: float) -> None:
+async def write_until(fd: int, data: bytes, done: aio.Future, deadline: float) -> None:
     """Write ``data`` to the non-blocking ``fd`` until it is all written, ``done`` is, or the loop time
     ``deadline`` passes; a full buffer waits for writability, a closed descriptor ends the write."""
-    loop = asyncio.get_running_loop()
+    loop = aio.get_running_loop()
     while data and not done.done():
         try:
             n = os.write(fd, data)
@@ -50,7 +54,7 @@ async def write_until(fd: int, data: bytes, done: asyncio.Future, deadline: floa
         writable = loop.create_future()
         loop.add_writer(fd, _resolve, writable)
         try:
-            await asyncio.wait({writable, done}, timeout=max(0.0, deadline - loop.time()))
+            await aio.wait({writable, done}, timeout=max(0.0, deadline - loop.time()))
         finally:
             loop.remove_writer(fd)
         if loop.time() >= deadline:

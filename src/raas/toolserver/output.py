@@ -13,9 +13,12 @@ is linear in the input.
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Pattern, Tuple
 
 from .protocol import truncation_marker
+
+TYPE_CHECKING = False  # typing is not imported at run time: it costs a sandbox's first call
+if TYPE_CHECKING:
+    from typing import List, Optional, Pattern, Tuple
 
 MAX_STRING = 4096
 """Longest OSC/DCS/APC/PM/SOS body honoured as one sequence; longer ones are treated as unterminated."""

@@ -7,10 +7,13 @@ our own pid finds all of them.
 
 from __future__ import annotations
 
+import _signal as signal  # the C module: signal.py imports enum, which costs a large part of start-up
 import os
-import signal
 import time
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -127,6 +130,14 @@ class Reaper:
             callback = self._watchers.pop(pid, None)
             if callback is not None:
                 callback(_returncode(status))
+
+
+def find_bash() -> Optional[str]:
+    if os.access("/bin/bash", os.X_OK):
+        return "/bin/bash"
+    import shutil
+
+    return shutil.which("bash")
 
 
 def _returncode(status: int) -> int:

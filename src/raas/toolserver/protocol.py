@@ -10,10 +10,14 @@ streams travel as bytes, never as base64 inside JSON, so moving 100 MB costs a c
 
 from __future__ import annotations
 
-import asyncio
-import json
 import struct
-from typing import Any, Dict, List, Optional
+
+from . import jsonc
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the tool server imports neither typing nor asyncio (the host client reads with it)
+    import asyncio
+    from typing import Any, Dict, List, Optional
 
 PROTOCOL_VERSION = 1
 READY_LINE = "RAAS_TOOLSERVER_READY 1"
@@ -21,6 +25,9 @@ DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 DEFAULT_MAX_ATTACHMENT = 1024 * 1024 * 1024
 ATTACHMENT_KEY = "att"
 DEFAULT_OUTPUT_CAP = 30000
+# bash: seconds until a command given no timeout is interrupted; of silence until one waiting for input returns.
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_INPUT_WAIT_S = 10.0
 SANDBOX_ID_ENV = "RAAS_SANDBOX_ID"
 
 HEADER = struct.Struct(">I")
@@ -55,11 +62,11 @@ def encode_frame(obj: Dict[str, Any]) -> bytes:
 
     Text with lone surrogates (possible in JSON input) cannot be UTF-8: it is sent \\u-escaped.
     """
-    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    text = jsonc.dumps(obj, ensure_ascii=False)
     try:
         body = text.encode("utf-8")
     except UnicodeEncodeError:
-        body = json.dumps(obj, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+        body = jsonc.dumps(obj, ensure_ascii=True).encode("ascii")
     return HEADER.pack(len(body)) + body
 
 
@@ -85,6 +92,8 @@ def attachment_size(obj: Dict[str, Any], max_attachment: int) -> int:
 
 
 async def read_attachment(reader: asyncio.StreamReader, n: int) -> bytes:
+    import asyncio
+
     try:
         return await reader.readexactly(n)
     except asyncio.IncompleteReadError:
@@ -94,7 +103,7 @@ async def read_attachment(reader: asyncio.StreamReader, n: int) -> bytes:
 def decode_body(body: bytes) -> Dict[str, Any]:
     """Parse a frame body; anything but a JSON object is a ``bad_request``."""
     try:
-        obj = json.loads(body.decode("utf-8"))
+        obj = jsonc.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise ProtocolError(BAD_REQUEST, "frame is not valid UTF-8 JSON: %s" % exc) from None
     if not isinstance(obj, dict):
@@ -108,6 +117,8 @@ async def read_frame(reader: asyncio.StreamReader, max_frame: int) -> Optional[b
     A header announcing more than ``max_frame`` bytes raises ``payload_too_large`` before the body
     is read, so a bad peer cannot make us allocate an arbitrary amount of memory.
     """
+    import asyncio
+
     try:
         header = await reader.readexactly(HEADER.size)
     except asyncio.IncompleteReadError as exc:

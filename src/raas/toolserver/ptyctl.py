@@ -13,12 +13,14 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import platform
 import signal
 import struct
-import tempfile
 import termios
-from typing import Any, Iterable, List, Optional, Set
+
+TYPE_CHECKING = False  # typing is not imported at run time: it costs a sandbox's first call
+if TYPE_CHECKING:
+    from typing import Any, Iterable, List, Optional, Set
+
 
 TIOCGPTPEER = 0x5441
 TIOCGPTN = 0x80045430
@@ -62,6 +64,8 @@ def memory_file(name: str, tmpdir: str) -> int:
             return os.memfd_create(name, os.MFD_CLOEXEC)
         except OSError:
             pass
+    import tempfile  # kernels before 3.17 only
+
     fd, path = tempfile.mkstemp(prefix=name, dir=tmpdir)
     os.unlink(path)
     os.set_inheritable(fd, False)
@@ -232,7 +236,7 @@ def _any_terminal(pid: int, fds: Iterable[int], tty: int) -> bool:
 
 def blocked_on_terminal(pid: int, tty: int) -> bool:
     """Whether process ``pid`` sleeps waiting to read terminal ``tty`` (an ``st_rdev``)."""
-    arch = platform.machine()
+    arch = os.uname().machine
     syscall = _read("/proc/%d/syscall" % pid)
     if syscall is None or arch not in _READS:
         wchan = (_read("/proc/%d/wchan" % pid) or "").strip()

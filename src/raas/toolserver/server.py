@@ -1,32 +1,33 @@
 """The tool server: a Unix-socket front end that validates requests and routes them to the tools.
 
-One asyncio loop serves every connection; requests on a connection run concurrently and answer out
-of order. The server owns everything it starts: on SIGTERM/SIGINT, ``server.shutdown``, losing its
-parent, or (with ``--watch-stdin``) EOF on stdin, it kills every process it started, removes its
-temporary files and its socket, and exits 0.
+One event loop (:mod:`.loop`, a few hundred lines on ``epoll``: ``asyncio`` alone would cost
+several times the rest of the start-up) serves every connection; requests on a connection run
+concurrently and answer out of order. Blocking file work runs in threads; the IPython tool runs on a
+real asyncio loop in a thread of its own, started with the first ipython call.
+
+The server owns everything it starts: on SIGTERM/SIGINT, ``server.shutdown``, losing its parent, or
+(with ``--watch-stdin``) EOF on stdin, it kills every process it started, removes its temporary files
+and its socket, and exits 0.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
+import _signal as signal  # the C modules: signal.py and socket.py import enum (a large part of start-up)
+import _socket as socket
 import os
-import shutil
-import signal
-import socket
 import sys
-import tempfile
-from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
 
-from . import ops, procs
-from .bash import DEFAULT_INPUT_WAIT_S, DEFAULT_TIMEOUT_S, find_bash
-from .bashtool import BashTool
+from . import loop as aio
+from . import procs
+from .options import parse_args
 from .protocol import (
     ATTACHMENT_KEY,
     BAD_REQUEST,
+    DEFAULT_INPUT_WAIT_S,
     DEFAULT_MAX_ATTACHMENT,
     DEFAULT_MAX_FRAME,
     DEFAULT_OUTPUT_CAP,
+    DEFAULT_TIMEOUT_S,
     INTERNAL,
     PAYLOAD_TOO_LARGE,
     PROTOCOL_VERSION,
@@ -38,13 +39,26 @@ from .protocol import (
     encode_message,
     error_response,
     ok_response,
-    read_attachment,
-    read_frame,
 )
+from .stream import Stream
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
+
+
+_ARGLESS = (("server", "ping"), ("server", "shutdown"))
 
 
 def validate_args(tool: str, op: str, args: Any) -> Dict[str, Any]:
-    """Check a request's tool, op and arguments against the op declarations (:mod:`.ops`)."""
+    """Check a request's tool, op and arguments against the op declarations (:mod:`.ops`).
+
+    The declarations are imported with the first call that needs them, like the tools: a sandbox's
+    readiness ping (no arguments) must not pay for them."""
+    if (tool, op) in _ARGLESS and not args:
+        return {}
+    from . import ops
+
     try:
         return ops.validate_args(tool, op, args)
     except ops.ArgumentError as exc:
@@ -75,25 +89,25 @@ class ToolServer:
         self.max_frame = max_frame
         self.watch_stdin = watch_stdin
         self.max_sessions = max_sessions
-        self.tmpdir = tempfile.mkdtemp(prefix="raas-ts-")
+        self.tmpdir = _private_tmpdir("raas-ts-")
         self.reaper = procs.Reaper()
         self.env = _child_env()
-        self.bash = BashTool(
-            workdir, self.env, self.tmpdir, self.reaper, max_sessions, bash_timeout, bash_input_wait
-        )
+        self._bash_limits = (bash_timeout, bash_input_wait)
+        self._bash: Any = None
         self._ipython: Any = None
         self._editor: Any = None
-        self._stop: Optional[asyncio.Event] = None
-        self._server: Optional[asyncio.AbstractServer] = None
-        self._conns: Dict[asyncio.StreamWriter, Optional[asyncio.Task]] = {}
-        self._tasks: Set[asyncio.Task] = set()
+        self._stop: Optional[aio.Event] = None
+        self._listener: Optional[socket.socket] = None
+        self._conns: Dict[Stream, Optional[aio.Task]] = {}
+        self._tasks: Set[aio.Task] = set()
         self._forwarders: Dict[str, Any] = {}  # gateway socket -> forward.Forwarder
+        self._forward_thread: Any = None  # the asyncio thread the forwarders run on (asyncio streams)
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def serve(self) -> int:
-        loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
+        loop = aio.get_running_loop()
+        self._stop = aio.Event()
         parent = os.getppid()
         procs.become_subreaper()
         procs.die_with_parent(signal.SIGTERM)
@@ -105,13 +119,15 @@ class ToolServer:
         try:
             if self.listen_fd is not None:
                 # Bound by the sandbox's boot step, before the socket's directory became read-only.
-                sock = socket.socket(fileno=self.listen_fd)
-                self._server = await asyncio.start_unix_server(self._handle_conn, sock=sock, limit=2**16)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, self.listen_fd)
             else:
                 _remove_stale_socket(self.socket_path)
-                self._server = await asyncio.start_unix_server(
-                    self._handle_conn, path=self.socket_path, limit=2**16
-                )
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.bind(self.socket_path)
+                sock.listen(128)
+            sock.setblocking(False)
+            self._listener = sock
+            loop.add_reader(sock.fileno(), self._accept)
             if self.watch_stdin:
                 self._watch_stdin(loop)
             _announce_ready()
@@ -120,7 +136,19 @@ class ToolServer:
             await self._shutdown()
         return 0
 
-    def _watch_stdin(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _accept(self) -> None:
+        assert self._listener is not None
+        for _ in range(64):
+            try:
+                fd, _addr = self._listener._accept()  # type: ignore[attr-defined] # C socket: a descriptor
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return  # out of descriptors, or the peer gave up: the next connection may work
+            stream = Stream(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fd))
+            self._conns[stream] = aio.ensure_future(self._handle_conn(stream))
+
+    def _watch_stdin(self, loop: aio.Loop) -> None:
         def on_stdin() -> None:
             try:
                 data = os.read(0, 4096)
@@ -138,22 +166,31 @@ class ToolServer:
             sys.stderr.write("raas_toolserver: --watch-stdin ignored, stdin is not a pipe or socket\n")
 
     async def _shutdown(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        conn_tasks = [t for t in self._conns.values() if t is not None]
-        for writer in list(self._conns):
-            writer.close()  # the handler sees EOF and returns by itself
+        if self._listener is not None:
+            aio.get_running_loop().remove_reader(self._listener.fileno())
+            self._listener.close()
+        conn_tasks: List[aio.Future] = [t for t in self._conns.values() if t is not None]
+        for stream in list(self._conns):
+            stream.close()  # the handler sees EOF and returns by itself
         for task in list(self._tasks):
             task.cancel()
         pending = conn_tasks + list(self._tasks)
         if pending:
-            await asyncio.wait(pending, timeout=2.0)
-        for forwarder in self._forwarders.values():
-            await forwarder.close()
-        self.bash.close_all()
+            await aio.wait(pending, timeout=2.0)
+        if self._forward_thread is not None:
+            for forwarder in self._forwarders.values():
+                try:
+                    await self._forward_thread.run(forwarder.close)
+                except Exception:
+                    pass
+            await self._forward_thread.close()
+        if self._bash is not None:
+            self._bash.close_all()
         if self._ipython is not None:
             await self._ipython.close()
         procs.kill_descendants_and_wait()
+        import shutil
+
         shutil.rmtree(self.tmpdir, ignore_errors=True)
         try:
             os.unlink(self.socket_path)
@@ -162,9 +199,8 @@ class ToolServer:
 
     # -- connections ---------------------------------------------------------------------------
 
-    async def _handle_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._conns[writer] = asyncio.current_task()
-        drain_lock = asyncio.Lock()
+    async def _handle_conn(self, writer: Stream) -> None:
+        drain_lock = aio.Lock()
 
         async def send(msg: Dict[str, Any], attachment: Optional[bytes] = None) -> None:
             try:
@@ -193,15 +229,15 @@ class ToolServer:
         try:
             while True:
                 try:
-                    body = await read_frame(reader, self.max_frame)
+                    body = await writer.read_frame(self.max_frame)
                     if body is None:
                         break
-                    req, attachment = await self._read_request(body, reader)
+                    req, attachment = await self._read_request(body, writer)
                 except ProtocolError as exc:
                     # The stream position is lost (or the peer is misbehaving): answer, then hang up.
                     await send(error_response(None, exc.kind, exc.message))
                     break
-                task = asyncio.ensure_future(self._serve_one(req, attachment, send))
+                task = aio.ensure_future(self._serve_one(req, attachment, send))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         except (ConnectionError, OSError):
@@ -210,14 +246,14 @@ class ToolServer:
             self._conns.pop(writer, None)
             writer.close()
 
-    async def _read_request(self, body: bytes, reader: asyncio.StreamReader) -> Tuple[Any, Optional[bytes]]:
+    async def _read_request(self, body: bytes, reader: Stream) -> Tuple[Any, Optional[bytes]]:
         """Decode a frame and read its attachment; an undecodable frame is answered, not fatal."""
         try:
             req = decode_body(body)
         except ProtocolError as exc:
             return exc, None
         n = attachment_size(req, self.max_attachment)
-        return req, (await read_attachment(reader, n) if ATTACHMENT_KEY in req else None)
+        return req, (await reader.read_attachment(n) if ATTACHMENT_KEY in req else None)
 
     async def _serve_one(
         self, req: Any, attachment: Optional[bytes], send: Callable[..., Awaitable[None]]
@@ -234,8 +270,11 @@ class ToolServer:
             if not isinstance(tool, str) or not isinstance(op, str):
                 raise ProtocolError(BAD_REQUEST, "request needs string fields 'tool' and 'op'")
             args = validate_args(tool, op, req.get("args"))
-            if attachment is not None and not ops.OPS[(tool, op)].takes_attachment:
-                raise ProtocolError(BAD_REQUEST, "%s.%s takes no attachment" % (tool, op))
+            if attachment is not None:
+                from . import ops
+
+                if not ops.OPS[(tool, op)].takes_attachment:
+                    raise ProtocolError(BAD_REQUEST, "%s.%s takes no attachment" % (tool, op))
             if tool == "files":
                 from . import files
 
@@ -245,7 +284,7 @@ class ToolServer:
             response = ok_response(req_id, result)
         except ProtocolError as exc:
             response = error_response(req_id, exc.kind, exc.message)
-        except asyncio.CancelledError:
+        except aio.CancelledError:
             raise
         except Exception as exc:  # a bug must not take the server down
             response = error_response(req_id, INTERNAL, "%s: %s" % (type(exc).__name__, exc))
@@ -267,8 +306,9 @@ class ToolServer:
         if tool == "gateway":
             return await self.forward(args["socket"], args.get("port", 0))
         if tool == "bash":
+            bash = self.bash()
             if op == "run":
-                return await self.bash.run(
+                return await bash.run(
                     args["command"],
                     args.get("session", "default"),
                     args.get("timeout"),
@@ -276,7 +316,7 @@ class ToolServer:
                     args.get("output_cap", self.output_cap),
                 )
             if op == "send":
-                return await self.bash.send(
+                return await bash.send(
                     args.get("session", "default"),
                     args.get("input", ""),
                     bool(args.get("interrupt", False)),
@@ -285,8 +325,8 @@ class ToolServer:
                     args.get("output_cap", self.output_cap),
                 )
             if op == "close":
-                return {"closed": self.bash.close(args["session"])}
-            return {"sessions": self.bash.list()}
+                return {"closed": bash.close(args["session"])}
+            return {"sessions": bash.list()}
         if tool == "ipython":
             ipy = self.ipython()
             if op == "restart":
@@ -298,26 +338,43 @@ class ToolServer:
     # -- tools -------------------------------------------------------------------------------
 
     async def forward(self, target: str, port: int) -> Dict[str, Any]:
-        """Start (once per socket) a 127.0.0.1 TCP port forwarding to the Unix socket ``target``."""
+        """Start (once per socket) a 127.0.0.1 TCP port forwarding to the Unix socket ``target``.
+
+        The forwarders are asyncio code: they run on an asyncio loop in a thread of its own, started with
+        the first forward (the server's own loop is not asyncio)."""
+        from .aiothread import AsyncioThread
         from .forward import Forwarder
 
         forwarder = self._forwarders.get(target)
         if forwarder is None:
             if not target.startswith("/"):
                 raise ProtocolError(BAD_REQUEST, "gateway.forward needs an absolute socket path")
+            if self._forward_thread is None:
+                self._forward_thread = AsyncioThread("raas-forward", self.reaper)
             forwarder = Forwarder(target, port=port)
             try:
-                await forwarder.start()
+                await self._forward_thread.run(forwarder.start)
             except OSError as exc:
                 raise ProtocolError(INTERNAL, "cannot listen on 127.0.0.1:%d: %s" % (port, exc)) from None
             self._forwarders[target] = forwarder
         return forwarder.info()
 
+    def bash(self) -> Any:
+        """The bash tool, imported with the first bash call (a sandbox that is never used does not pay)."""
+        if self._bash is None:
+            from .bashtool import BashTool
+
+            timeout, input_wait = self._bash_limits
+            self._bash = BashTool(
+                self.workdir, self.env, self.tmpdir, self.reaper, self.max_sessions, timeout, input_wait
+            )
+        return self._bash
+
     def ipython(self) -> Any:
         if self._ipython is None:
-            from .ipython import IPythonTool
+            from .ipython import IPythonThread
 
-            self._ipython = IPythonTool(self.workdir, self.env, self.tmpdir, self.reaper)
+            self._ipython = IPythonThread(self.workdir, self.env, self.tmpdir, self.reaper)
         return self._ipython
 
     def editor(self) -> Any:
@@ -328,7 +385,7 @@ class ToolServer:
         return self._editor
 
     def info(self) -> Dict[str, Any]:
-        from .ipython import ipython_available
+        from .pysite import ipython_available
 
         return {
             "version": PROTOCOL_VERSION,
@@ -336,7 +393,7 @@ class ToolServer:
             "python": "%d.%d.%d" % sys.version_info[:3],
             "sandbox_id": os.environ.get(SANDBOX_ID_ENV),
             "tools": {
-                "bash": find_bash() is not None,
+                "bash": procs.find_bash() is not None,
                 "ipython": ipython_available(),
                 "editor": True,
                 "files": True,
@@ -346,7 +403,25 @@ class ToolServer:
 
 async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     """Blocking file work runs off the loop so a large upload does not stall other requests."""
-    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    return await aio.get_running_loop().run_in_thread(fn, *args)
+
+
+def _private_tmpdir(prefix: str) -> str:
+    """``tempfile.mkdtemp`` without importing ``tempfile`` (and ``random``): mode 0700, a fresh name."""
+    bases = [os.environ.get(k) for k in ("TMPDIR", "TEMP", "TMP")] + ["/tmp", "/var/tmp", "/usr/tmp"]
+    error: Optional[OSError] = None
+    for base in [b for b in bases if b] + [os.getcwd()]:
+        for _ in range(100):
+            path = os.path.join(base, prefix + os.urandom(6).hex())
+            try:
+                os.mkdir(path, 0o700)
+                return path
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                error = exc
+                break
+    raise error or FileExistsError("no free temporary directory name")
 
 
 def _remove_stale_socket(path: str) -> None:
@@ -381,38 +456,8 @@ def _announce_ready() -> None:
         pass
 
 
-def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="raas_toolserver", description="raas in-sandbox tool server")
-    p.add_argument("--socket", required=True, help="Unix socket path to listen on")
-    p.add_argument("--workdir", default=None, help="working directory of shells and kernels")
-    p.add_argument("--output-cap", type=int, default=DEFAULT_OUTPUT_CAP, help="default output cap (bytes)")
-    p.add_argument("--max-frame", type=int, default=DEFAULT_MAX_FRAME, help="largest frame accepted (bytes)")
-    p.add_argument("--max-sessions", type=int, default=64, help="most bash sessions at once")
-    p.add_argument("--watch-stdin", action="store_true", help="exit when stdin reaches EOF")
-    p.add_argument("--listen-fd", type=int, default=None, help="serve on this already listening socket")
-    p.add_argument(
-        "--max-attachment",
-        type=int,
-        default=DEFAULT_MAX_ATTACHMENT,
-        help="largest attachment accepted (bytes)",
-    )
-    p.add_argument(
-        "--bash-timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT_S,
-        help="seconds after which a bash command given neither timeout is interrupted (0: never)",
-    )
-    p.add_argument(
-        "--bash-input-wait",
-        type=float,
-        default=DEFAULT_INPUT_WAIT_S,
-        help="seconds of silence after which a command waiting for terminal input returns (0: never)",
-    )
-    return p.parse_args(argv)
-
-
 def _keep_socket_buffers_on_the_heap() -> None:
-    """asyncio reads sockets into 256 KiB buffers. glibc serves allocations that large with mmap unless its
+    """Requests are read in chunks of up to 256 KiB. glibc serves allocations that large with mmap unless its
     dynamic threshold was raised by freeing a larger mapped block, so depending on what the process did
     before, every request could cost an mmap, mremap and munmap with their page faults (about a fifth of
     an ``echo``). Freeing one 1 MiB block raises the threshold for good; elsewhere this is harmless."""
@@ -441,7 +486,7 @@ def main(argv: Optional[list] = None) -> int:
         bash_input_wait=args.bash_input_wait or None,
     )
     try:
-        code = asyncio.run(server.serve())
+        code = aio.run(server.serve())
     except KeyboardInterrupt:
         code = 0
     except OSError as exc:

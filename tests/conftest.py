@@ -14,6 +14,9 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+# A service's handler registry imports swebench (numpy, pandas, datasets) in a background thread; code
+# that probes sys.modules["numpy"] meanwhile (hypothesis, under schemathesis) can find it half-imported.
+import numpy  # noqa: F401
 import pytest
 
 from raas.sandbox import SandboxConfig, SandboxManager

@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
-from raas.core.executors import Executor
 from raas.errors import RaasError
 from raas.sandbox import procs
 from raas.sandbox.client import ToolClient
 from raas.sandbox.config import WRITABLE_DIRS, SandboxConfig
+from raas.sandbox.executors import SandboxExecutors
 from raas.sandbox.identity import SandboxIdentity, allocate_identity, current_identity, make_fresh_dir
 
 if TYPE_CHECKING:
@@ -51,29 +51,6 @@ SOCKET_NAME = "tool.sock"
 BOOT_CODE = "import raas_toolserver.boot as b; b.main()"
 # AF_UNIX sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
-
-
-class SandboxExecutors:
-    """The blocking work of sandboxes, split so that slow starts never hold up closes.
-
-    ``start``: identity allocation, :meth:`Sandbox.prepare` (which may convert an image: minutes),
-    bundle checks, reaping. ``close``: the ``/proc`` scans that kill what a sandbox left and the removal
-    of its directories. Whoever creates them shuts them down (:meth:`aclose`)."""
-
-    def __init__(self, name: str = "raas-sandbox", start_workers: int = 4, close_workers: int = 2) -> None:
-        self.start = Executor(f"{name}-start", start_workers)
-        self.close = Executor(f"{name}-close", close_workers)
-
-    @property
-    def closed(self) -> bool:
-        return self.start.closed or self.close.closed
-
-    def shutdown(self) -> None:
-        self.start.shutdown()
-        self.close.shutdown()
-
-    async def aclose(self) -> None:
-        await asyncio.gather(self.start.aclose(), self.close.aclose())
 
 
 @dataclass

@@ -46,10 +46,10 @@ from raas.sandbox.base import (
     MAX_SOCKET_PATH,
     Sandbox,
     SandboxConfig,
-    SandboxExecutors,
     backend_class,
     remove_tree,
 )
+from raas.sandbox.executors import SandboxExecutors
 from raas.sandbox.identity import make_private_dir, traversable_by_others
 from raas.sandbox.pool import WarmPools
 

@@ -365,6 +365,7 @@ def test_seed_must_name_a_populated_dir() -> None:
 def test_seeds_are_bound_read_only_and_overlaid_only_when_owned(tmp_path: Path, dedicated: bool) -> None:
     from raas.sandbox.backends.apptainer import ApptainerSandbox
     from raas.sandbox.backends.bwrap import BwrapSandbox
+    from raas.sandbox.base import BOOT_CODE
     from raas.sandbox.identity import SandboxIdentity
 
     cfg = SandboxConfig(workdir="/testbed", image="/img", seed={"/testbed": "/layers/x/d0"})
@@ -378,7 +379,7 @@ def test_seeds_are_bound_read_only_and_overlaid_only_when_owned(tmp_path: Path, 
             assert argv[i - 1] == "--ro-bind" and argv[i + 1] == "/testbed"
         else:
             assert "/layers/x/d0:/testbed:ro" in argv
-        boot = argv[argv.index("raas_toolserver.boot") :]
+        boot = argv[argv.index(BOOT_CODE) :]  # the boot step's own arguments
         assert ("--overlay" in boot) == (not dedicated)
         assert "--populate" in boot  # the copy stays the fallback inside
     assert not backend_class_supports("local") and not backend_class_supports("docker")

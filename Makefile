@@ -20,7 +20,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_U
 # pin) rebuilds llama.cpp from source in an existing venv too, bypassing the wheel cache.
 LLAMA_STAMP := $(VENV)/.llama-cpp-$(shell printf '%s' '$(LLAMA_CPP_PIN) $(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-16)
 
-.PHONY: install image sysdeps run test test-vllm lint bench clean
+.PHONY: install image sysdeps run test test-cluster test-vllm lint bench clean
 
 sysdeps:
 	bash scripts/install-sysdeps.sh
@@ -65,6 +65,9 @@ test: install
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	bash scripts/run-tests.sh
+
+test-cluster: install
+	$(BIN)/pytest -p no:cacheprovider -m ray_cluster tests/cluster
 
 test-vllm: install
 	bash scripts/install-vllm.sh

@@ -21,6 +21,7 @@ import pytest
 
 from raas.sandbox import SandboxConfig, SandboxManager
 from raas.sandbox import procs as sbprocs
+from raas.sandbox.config import make_config
 from raas.sandbox.images import ImageSpec, build_rootfs, rootfs_path
 
 TEST_IMAGE_SPEC = ImageSpec(
@@ -72,7 +73,7 @@ def sandbox_config(
     if reason:
         pytest.skip(reason)
     image = None if backend == "local" else str(request.getfixturevalue("test_image"))
-    return SandboxConfig(backend=backend, image=image, start_timeout_s=120)
+    return make_config(backend=backend, image=image, start_timeout_s=120)
 
 
 def leftovers(manager: SandboxManager) -> dict[str, object]:

@@ -24,6 +24,7 @@ from raas.core.jobs import Job
 from raas.gateway import Gateway
 from raas.llm.tokenizer import ChatTokenizer
 from raas.sandbox import SandboxConfig, SandboxManager
+from raas.sandbox.config import make_config
 from raas.sandbox.images import build_rootfs, rootfs_path
 from raas.tasks.base import JobSandboxes
 from raas.tasks.harness import HARNESS_IMAGE, HarnessHandler
@@ -199,7 +200,7 @@ def harness_config(
     reason = backend_available.get(backend)
     if reason:
         pytest.skip(reason)
-    return SandboxConfig(backend=backend, image=str(harness_image), start_timeout_s=120)
+    return make_config(backend=backend, image=str(harness_image), start_timeout_s=120)
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ from raas.sandbox.images import (
     system_debian_mirror,
 )
 from raas.sandbox.limits import rlimit_args
+from tests.conftest import unavailable
 
 pytestmark = pytest.mark.unit
 
@@ -243,7 +244,7 @@ def test_bwrap_network_and_host_area(tmp_path: Path) -> None:
 def test_bwrap_version_is_parsed() -> None:
     exe = "/usr/bin/bwrap"
     if not os.path.exists(exe):
-        pytest.skip("bubblewrap not installed")
+        unavailable("bubblewrap not installed")
     out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True).stdout
     version = bwrap_version(exe)
     assert ".".join(map(str, version)) in out

@@ -39,7 +39,8 @@ from raas.core.trajectory import RunOutput  # noqa: E402
 from raas.llm.models import prepare_tokenizer  # noqa: E402
 from raas.llm.tokenizer import ChatTokenizer  # noqa: E402
 from raas.pipeline.config import ServiceConfig  # noqa: E402
-from raas.sandbox import SandboxConfig, SandboxManager  # noqa: E402
+from raas.sandbox import SandboxManager  # noqa: E402
+from raas.sandbox.config import make_config  # noqa: E402
 from raas.sandbox.images import rootfs_path  # noqa: E402
 from raas.tasks.base import Env, Job, JobSandboxes  # noqa: E402
 from raas.tasks.code import CodeHandler  # noqa: E402
@@ -67,7 +68,7 @@ async def humaneval_eval(image: Path, n: int, concurrency: int) -> dict[str, Any
     problems = humaneval(n)
     state = Path(tempfile.mkdtemp(prefix="raas-bench-code-"))
     manager = SandboxManager(state / "sandboxes")
-    config = SandboxConfig(backend="bwrap", image=str(image), start_timeout_s=120)
+    config = make_config(backend="bwrap", image=str(image), start_timeout_s=120)
     handler = CodeHandler()
     gate = asyncio.Semaphore(concurrency)
 

@@ -77,9 +77,14 @@ def pss_kb(pid: int) -> int:
 
 
 async def worker(backend: str, image: str | None, n: int, concurrent: int) -> dict[str, Any]:
-    from raas.sandbox import SandboxConfig, SandboxManager, procs
+    from raas.sandbox import SandboxManager, procs
 
-    config = SandboxConfig(backend=backend, image=image, start_timeout_s=300)
+    try:  # one config class per backend in newer trees
+        from raas.sandbox import make_config
+    except ImportError:
+        from raas.sandbox import SandboxConfig as make_config  # type: ignore[attr-defined,no-redef]
+
+    config = make_config(backend=backend, image=image, start_timeout_s=300)
     out: dict[str, Any] = {"ready_ms": [], "cpu_ready_ms": [], "first_call_ms": [], "cpu_first_call_ms": []}
     with tempfile.TemporaryDirectory(prefix="raas-cold-") as state:
         manager = SandboxManager(state)

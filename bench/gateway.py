@@ -178,7 +178,7 @@ async def in_sandbox(gateway: Any, backend: str, turns: int, tokens: int, warmup
     """One rollout whose agent (stdlib urllib) runs inside a sandbox, through the loopback forwarder."""
     from raas.agent.config import AgentConfig
     from raas.core.jobs import Job
-    from raas.sandbox import SandboxConfig, SandboxManager
+    from raas.sandbox import SandboxManager, make_config
     from raas.sandbox.images import ImageSpec, rootfs_path
 
     image = rootfs_path(ImageSpec(packages=("python3", "python3-ipykernel", "python3-jupyter-client")))
@@ -203,7 +203,7 @@ for turn in range({turns}):
 print(json.dumps(out))
 """
     try:
-        async with manager.sandbox(SandboxConfig(backend=backend, image=str(image)), owner="bench") as sb:
+        async with manager.sandbox(make_config(backend=backend, image=str(image)), owner="bench") as sb:
             env = await gateway.expose(session, sb)
             await sb.tools.write_file("/tmp/agent.py", script)
             exports = " ".join(f"{k}={v}" for k, v in env.items())

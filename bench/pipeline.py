@@ -45,7 +45,8 @@ from raas.core.trajectory import EvalOutput, RunOutput, TokenTrajectory
 from raas.llm import LLMBalancer, SamplingParams
 from raas.pipeline.config import ServiceConfig
 from raas.pipeline.service import RolloutService
-from raas.sandbox import SandboxConfig, SandboxManager
+from raas.sandbox import SandboxManager
+from raas.sandbox.config import make_config
 from raas.sandbox.images import image_cache_dir
 from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
 from raas.tasks.registry import HandlerRegistry
@@ -404,7 +405,7 @@ async def coupled_run(root: Path, jobs: list[dict[str, Any]], p: dict[str, Any])
                 except asyncio.QueueEmpty:
                     return
                 job = Job(job_id=f"c{i}", instance=instance, trajectory_id=f"c{i}")
-                sandboxes = JobSandboxes(manager, SandboxConfig(backend="local"), job.job_id)
+                sandboxes = JobSandboxes(manager, make_config(backend="local"), job.job_id)
                 env = await handler.init(job, sandboxes)
                 env.run_output = await handler.run(job, env, ctx)
                 await sandboxes.close_all()

@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from raas.core.jobs import Job  # noqa: E402
-from raas.sandbox import SandboxConfig, SandboxManager  # noqa: E402
+from raas.sandbox import SandboxManager  # noqa: E402
+from raas.sandbox.config import make_config  # noqa: E402
 from raas.sandbox.layers import LayerStore  # noqa: E402
 from raas.tasks.base import JobSandboxes  # noqa: E402
 from raas.tasks.swe.build import BuildOptions, build  # noqa: E402
@@ -88,7 +89,7 @@ async def one_group(
     concurrency: int,
     group_id: str,
 ) -> dict[str, Any]:
-    default = SandboxConfig(backend=backend)
+    default = make_config(backend=backend)
     instance = {**record.model_dump(mode="json"), "group_id": group_id}
     jobs = [Job(job_id=f"{group_id}.{i}", instance=instance, trajectory_id=str(i)) for i in range(GROUP)]
     boxes = [JobSandboxes(manager, default, j.job_id, store) for j in jobs]

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from raas.sandbox import Sandbox, SandboxConfig, SandboxManager, procs
+from raas.sandbox.config import make_config
 from raas.sandbox.images import ImageSpec, build_rootfs, rootfs_path
 from raas.sandbox.pool import PoolSettings, config_key
 
@@ -328,7 +329,7 @@ async def main() -> None:
         manager = SandboxManager(state)
         try:
             for backend in args.backends.split(","):
-                config = SandboxConfig(
+                config = make_config(
                     backend=backend, image=None if backend == "local" else image, start_timeout_s=300
                 )
                 new = await bench_backend(manager, config, args)

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raas.sandbox import Sandbox, SandboxConfig, SandboxManager
+from raas.sandbox import Sandbox, SandboxManager
+from raas.sandbox.config import make_config
 from raas.sandbox.images import ImageSpec, build_rootfs, rootfs_path
 
 BENCH_IMAGE = ImageSpec(suite="bookworm", packages=("python3", "python3-ipykernel", "python3-jupyter-client"))
@@ -132,7 +133,7 @@ async def main() -> None:
         path = rootfs_path(BENCH_IMAGE)
         image = str(path if (path / "usr").is_dir() else build_rootfs(BENCH_IMAGE))
     payload = os.urandom(args.mb * 1_000_000)
-    config = SandboxConfig(
+    config = make_config(
         backend=args.backend,
         image=None if args.backend == "local" else image,
         disk_mb=max(1024, 3 * args.mb),

@@ -17,7 +17,8 @@ import pytest
 from raas.core.executors import Executor
 from raas.errors import RaasError
 from raas.pipeline.ledger import Ledger
-from raas.sandbox import SandboxConfig, SandboxManager
+from raas.sandbox import SandboxManager
+from raas.sandbox.config import make_config
 from raas.tasks.swe.images import ImageGates
 
 from .conftest import leftovers
@@ -115,7 +116,7 @@ async def test_a_blocked_default_pool_starves_no_subsystem(tmp_path: Path, block
     manager = SandboxManager(tmp_path / "state")
     try:
         async with asyncio.timeout(HANG_GUARD_S):
-            async with manager.sandbox(SandboxConfig(backend="local"), owner="t") as sb:
+            async with manager.sandbox(make_config(backend="local"), owner="t") as sb:
                 workdir = (await sb.tools.bash("echo up")).cwd
                 assert await sb.tools.upload_dir(source, f"{workdir}/copy") == 1  # the client's own pool
             ledger = Ledger(tmp_path / "ledger.db")
@@ -141,7 +142,7 @@ async def test_slow_sandbox_starts_do_not_hold_up_closes(tmp_path: Path, blocker
     manager = SandboxManager(tmp_path / "state")
     calls: list[asyncio.Future[None]] = []
     try:
-        sb = await manager.start(SandboxConfig(backend="local"), owner="t")
+        sb = await manager.start(make_config(backend="local"), owner="t")
         await sb.tools.bash("sleep 300 &")
         calls = await occupied(manager.executors.start.run, blocker, manager.executors.start.max_workers)
         async with asyncio.timeout(HANG_GUARD_S):

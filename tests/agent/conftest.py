@@ -9,7 +9,8 @@ import pytest
 
 from raas.llm.models import prepare_tokenizer
 from raas.llm.tokenizer import ChatTokenizer
-from raas.sandbox import Sandbox, SandboxConfig, SandboxManager
+from raas.sandbox import Sandbox, SandboxManager
+from raas.sandbox.config import make_config
 
 
 @pytest.fixture(scope="session")
@@ -19,7 +20,7 @@ def tokenizer() -> ChatTokenizer:
 
 @pytest.fixture
 async def sandbox(sandbox_manager: SandboxManager) -> AsyncIterator[Sandbox]:
-    sb = await sandbox_manager.start(SandboxConfig(backend="local"), owner="agent-test")
+    sb = await sandbox_manager.start(make_config(backend="local"), owner="agent-test")
     try:
         yield sb
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.conftest import leftovers
+from tests.conftest import leftovers, unavailable
 from tests.e2e.recording_proxy import Exchange, RecordingProxy
 
 from raas.cli.inprocess import service_in_process
@@ -40,7 +40,7 @@ async def stack(
     """llama-server ← recording proxy ← raas service (bwrap sandboxes); yields (service URL, proxy).
     Afterwards neither the model server nor any sandbox the service started may be left."""
     if backend_available.get("bwrap"):
-        pytest.skip(str(backend_available["bwrap"]))
+        unavailable(str(backend_available["bwrap"]))
     manager = SandboxManager(tmp_path / "sandboxes")
     llama = EmbeddedServer(parallel=4, ctx_per_slot=2048)
     await llama.start()

@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from tests.conftest import unavailable
 from tests.e2e.test_cli import marked_env, wait_gone
 
 from raas.errors import RaasError
@@ -30,12 +31,12 @@ SMALL_SET = {"packages": list(FAST_PACKAGES), "per_package": 4, "seed": 0, "jobs
 @pytest.fixture(scope="module")
 def swe_records(backend_available: dict[str, str | None]) -> list[SweRecord]:
     if backend_available.get("bwrap"):
-        pytest.skip(str(backend_available["bwrap"]))
+        unavailable(str(backend_available["bwrap"]))
     try:
         records, _ = asyncio.run(build(BuildOptions(**SMALL_SET)))  # type: ignore[arg-type]
     except RaasError as e:
         if os.geteuid() != 0 and e.kind == "sandbox_start_failed":
-            pytest.skip(f"the SWE small set is not built and this user cannot build it: {e.message}")
+            unavailable(f"the SWE small set is not built and this user cannot build it: {e.message}")
         raise
     return records
 
@@ -77,7 +78,7 @@ def test_images_pull_converts_each_image_once(
     swe_records: list[SweRecord], tmp_path: Path, backend_available: dict[str, str | None]
 ) -> None:
     if backend_available.get("apptainer"):
-        pytest.skip(str(backend_available["apptainer"]))
+        unavailable(str(backend_available["apptainer"]))
     tiny = tmp_path / "tiny-root"
     (tiny / "testbed").mkdir(parents=True)
     (tiny / "testbed" / "README").write_text("a tiny image\n")

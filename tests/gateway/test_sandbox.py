@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from tests.agent.scripted import scripted_policy, tool_call
+from tests.conftest import unavailable
 from tests.gateway.conftest import check_exact, sent_prompts
 
 from raas.agent.config import AgentConfig
@@ -24,6 +25,7 @@ from raas.core.jobs import Job
 from raas.gateway import Gateway
 from raas.llm.tokenizer import ChatTokenizer
 from raas.sandbox import SandboxConfig, SandboxManager
+from raas.sandbox.config import make_config
 from raas.sandbox.images import build_rootfs, rootfs_path
 from raas.tasks.base import JobSandboxes
 from raas.tasks.harness import HARNESS_IMAGE, HarnessHandler
@@ -43,7 +45,7 @@ def harness_image() -> Path:
     if (path / "usr").is_dir():
         return path
     if os.geteuid() != 0 or shutil.which("debootstrap") is None:
-        pytest.skip(
+        unavailable(
             f"the harness image {path} is not built and this user cannot build it (root + debootstrap)"
         )
     return build_rootfs(HARNESS_IMAGE)
@@ -198,8 +200,8 @@ def harness_config(
 ) -> SandboxConfig:
     reason = backend_available.get(backend)
     if reason:
-        pytest.skip(reason)
-    return SandboxConfig(backend=backend, image=str(harness_image), start_timeout_s=120)
+        unavailable(reason)
+    return make_config(backend=backend, image=str(harness_image), start_timeout_s=120)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import anthropic
 import httpx
 import pytest
 from tests.agent.scripted import completions, tool_call
+from tests.conftest import unavailable
 from tests.doubles.scripted_llm import ScriptedLLM, replay
 from tests.gateway.conftest import check_exact
 from tests.gateway.test_sandbox import gold_script, harness_image, harness_instance  # noqa: F401 - fixture
@@ -36,7 +37,7 @@ async def test_a_harness_job_through_the_service_and_its_gateway_routes(
     backend_available: dict[str, str | None],
 ) -> None:
     if backend_available.get("bwrap"):
-        pytest.skip(str(backend_available["bwrap"]))
+        unavailable(str(backend_available["bwrap"]))
     script = completions(tok, [*gold_script(tool_call("submit")), "a reply over the service's port"])
     async with ScriptedLLM(replay(script)) as llm:
         config = ServiceConfig(

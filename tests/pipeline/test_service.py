@@ -13,6 +13,7 @@ from raas.core.jobs import JobRequest
 from raas.errors import RaasError
 from raas.pipeline.admission import NotAccepting, Overloaded
 from raas.sandbox import procs
+from tests.conftest import unavailable
 from tests.pipeline.conftest import ServiceFactory, reach, script, submit
 
 pytestmark = pytest.mark.integration
@@ -220,7 +221,7 @@ def sandbox_for(backend: str, request: pytest.FixtureRequest) -> dict[str, objec
         return {"backend": "local"}
     reason = request.getfixturevalue("backend_available")[backend]
     if reason:
-        pytest.skip(reason)
+        unavailable(reason)
     return {"backend": backend, "image": str(request.getfixturevalue("test_image"))}
 
 

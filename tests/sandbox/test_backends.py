@@ -16,6 +16,7 @@ import pytest
 from raas.errors import RaasError
 from raas.sandbox import SandboxConfig, SandboxManager
 from raas.sandbox import procs as sbprocs
+from raas.sandbox.config import make_config
 from tests.conftest import SANDBOX_BACKENDS
 
 pytestmark = pytest.mark.integration
@@ -318,7 +319,7 @@ async def test_docker_when_an_engine_answers(sandbox_manager: SandboxManager) ->
     if probe is None or await probe.wait() != 0:
         pytest.skip("no Docker engine answers here")
     image = os.environ.get("RAAS_TEST_DOCKER_IMAGE", "python:3.12-slim")
-    async with sandbox_manager.sandbox(SandboxConfig(backend="docker", image=image), owner="t") as sb:
+    async with sandbox_manager.sandbox(make_config(backend="docker", image=image), owner="t") as sb:
         assert (await sb.tools.bash("echo hi")).output.strip() == "hi"
 
 
@@ -343,7 +344,7 @@ async def test_chatty_server_is_still_found(
     (chatty / "raas_toolserver" / "__init__.py").write_text("")
     (chatty / "raas_toolserver" / "boot.py").write_text(CHATTY)
     bundle = await sandbox_manager.bundle_dir()
-    cfg = SandboxConfig(backend="local", env={"PYTHONPATH": f"{chatty}:{bundle}"})
+    cfg = make_config(backend="local", env={"PYTHONPATH": f"{chatty}:{bundle}"})
     async with sandbox_manager.sandbox(cfg, owner="t") as sb:
         assert (await sb.tools.bash("echo fine")).output.strip() == "fine"
 
@@ -369,7 +370,7 @@ async def test_cancel_during_handshake_closes_the_connection(
     (silent / "raas_toolserver.py").write_text(SILENT)
     fifo = silent / "accepted.fifo"
     os.mkfifo(fifo)
-    cfg = SandboxConfig(backend="local", env={"PYTHONPATH": str(silent), "RAAS_TEST_FIFO": str(fifo)})
+    cfg = make_config(backend="local", env={"PYTHONPATH": str(silent), "RAAS_TEST_FIFO": str(fifo)})
     task = asyncio.create_task(sandbox_manager.start(cfg, owner="t"))
     # Blocks until the double has accepted our connection (a FIFO read: no polling).
     assert await asyncio.wait_for(asyncio.to_thread(lambda: open(fifo).read()), 60) == "accepted"

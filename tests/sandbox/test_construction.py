@@ -11,12 +11,20 @@ import pytest
 from pydantic import ValidationError
 
 from raas.errors import RaasError
-from raas.sandbox import SandboxConfig, backend_class, config_from_dict
+from raas.sandbox import backend_class, config_from_dict
 from raas.sandbox.backends.apptainer import ApptainerSandbox
 from raas.sandbox.backends.bwrap import BwrapSandbox, bwrap_version
 from raas.sandbox.backends.docker import DockerSandbox, PodmanSandbox
 from raas.sandbox.backends.local import LocalSandbox
 from raas.sandbox.base import BOOT_CODE
+from raas.sandbox.config import (
+    ApptainerSandboxConfig,
+    BwrapSandboxConfig,
+    DockerSandboxConfig,
+    LocalSandboxConfig,
+    make_config,
+    with_overrides,
+)
 from raas.sandbox.images import (
     ImageSpec,
     conversion_command,
@@ -25,12 +33,13 @@ from raas.sandbox.images import (
     system_debian_mirror,
 )
 from raas.sandbox.limits import rlimit_args
+from tests.conftest import unavailable
 
 pytestmark = pytest.mark.unit
 
 
 def make(cls: type, tmp_path: Path, **cfg: object):  # type: ignore[no-untyped-def]
-    config = SandboxConfig(**cfg)  # type: ignore[arg-type]
+    config = make_config(**cfg)  # type: ignore[arg-type]
     return cls(
         config,
         sandbox_id="sb-0123456789ab",
@@ -68,8 +77,77 @@ def test_backend_factory_knows_every_name() -> None:
     ],
 )
 def test_config_rejects_bad_input(bad: dict[str, object]) -> None:
+    make_config(backend="bwrap")  # valid without the bad field
     with pytest.raises(ValidationError):
-        SandboxConfig(**bad)  # type: ignore[arg-type]
+        make_config(backend="bwrap", **bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("backend", "cls"),
+    [
+        ("local", LocalSandboxConfig),
+        ("bwrap", BwrapSandboxConfig),
+        ("apptainer", ApptainerSandboxConfig),
+        ("singularity", ApptainerSandboxConfig),
+        ("docker", DockerSandboxConfig),
+        ("podman", DockerSandboxConfig),
+    ],
+)
+def test_each_backend_has_a_config_class_of_its_own(backend: str, cls: type) -> None:
+    cfg = config_from_dict({"backend": backend})
+    assert type(cfg) is cls and cfg.backend == backend
+    assert type(config_from_dict(cfg.model_dump())) is cls  # round-trips through plain data
+    assert backend_class(backend).config_class is cls
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"backend": "local", "image": "/img"}, "image"),  # local runs no image
+        ({"backend": "local", "network": True}, "network"),  # nor a network namespace
+        ({"backend": "local", "disk_mb": 10}, "disk_mb"),
+        ({"backend": "docker", "disk_mb": 10}, "disk_mb"),  # the engine sizes its own layer
+        ({"backend": "docker", "seed": {"/workspace": "/l"}}, "seed"),
+        ({"backend": "bwrap", "fakeroot": False}, "fakeroot"),  # apptainer only
+    ],
+)
+def test_a_setting_the_backend_would_ignore_is_an_error(data: dict[str, object], field: str) -> None:
+    with pytest.raises(RaasError) as e:
+        config_from_dict(data)
+    assert e.value.kind == "bad_request"
+    assert f"{field}: not a setting of the {data['backend']} backend" in e.value.message
+
+
+def test_unknown_backend_lists_the_known_ones() -> None:
+    with pytest.raises(RaasError) as e:
+        config_from_dict({"backend": "chroot"})
+    assert e.value.kind == "bad_request" and "'chroot'" in e.value.message and "bwrap" in e.value.message
+
+
+def test_unset_fields_of_other_backends_are_accepted_as_none() -> None:
+    assert type(make_config(backend="local", image=None, disk_mb=None)) is LocalSandboxConfig
+
+
+def test_overrides_are_validated_like_the_config_itself() -> None:
+    base = config_from_dict({"backend": "bwrap", "image": "/img"})
+    assert with_overrides(base, workdir="/testbed").workdir == "/testbed"
+    with pytest.raises(RaasError) as e:  # model_copy would have let a bind over /tmp through
+        with_overrides(base, binds=["/etc:/tmp/x"])
+    assert e.value.kind == "bad_request" and "writable area" in e.value.message
+    with pytest.raises(RaasError):
+        with_overrides(config_from_dict({"backend": "local"}), image="/img")
+
+
+def test_a_backend_refuses_another_backends_config(tmp_path: Path) -> None:
+    with pytest.raises(RaasError) as e:
+        BwrapSandbox(
+            make_config(backend="apptainer", image="/img"),
+            sandbox_id="sb-0123456789ab",
+            owner="t",
+            scratch=tmp_path / "sb",
+            bundle_dir=tmp_path,
+        )
+    assert e.value.kind == "bad_request" and "BwrapSandboxConfig" in e.value.message
 
 
 def test_config_from_dict_is_typed() -> None:
@@ -166,7 +244,7 @@ def test_bwrap_network_and_host_area(tmp_path: Path) -> None:
 def test_bwrap_version_is_parsed() -> None:
     exe = "/usr/bin/bwrap"
     if not os.path.exists(exe):
-        pytest.skip("bubblewrap not installed")
+        unavailable("bubblewrap not installed")
     out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True).stdout
     version = bwrap_version(exe)
     assert ".".join(map(str, version)) in out

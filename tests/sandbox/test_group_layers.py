@@ -22,6 +22,7 @@ import pytest
 from raas.errors import RaasError
 from raas.sandbox import Sandbox, SandboxConfig, SandboxManager
 from raas.sandbox import procs as sbprocs
+from raas.sandbox.config import make_config
 from raas.sandbox.layers import LayerPolicy, LayerStore, layer_key
 
 pytestmark = pytest.mark.integration
@@ -353,11 +354,13 @@ async def test_close_removes_layers_in_use(
 
 @pytest.mark.unit
 def test_seed_must_name_a_populated_dir() -> None:
-    SandboxConfig(workdir="/testbed", writable=["/r2e"], seed={"/testbed": "/l/d0", "/r2e": "/l/d1"})
+    make_config(
+        backend="bwrap", workdir="/testbed", writable=["/r2e"], seed={"/testbed": "/l/d0", "/r2e": "/l/d1"}
+    )
     with pytest.raises(ValueError, match="neither the workdir"):
-        SandboxConfig(workdir="/testbed", seed={"/etc": "/l/d0"})
+        make_config(backend="bwrap", workdir="/testbed", seed={"/etc": "/l/d0"})
     with pytest.raises(ValueError, match="absolute"):
-        SandboxConfig(workdir="/testbed", seed={"/testbed": "relative"})
+        make_config(backend="bwrap", workdir="/testbed", seed={"/testbed": "relative"})
 
 
 @pytest.mark.unit
@@ -368,8 +371,10 @@ def test_seeds_are_bound_read_only_and_overlaid_only_when_owned(tmp_path: Path, 
     from raas.sandbox.base import BOOT_CODE
     from raas.sandbox.identity import SandboxIdentity
 
-    cfg = SandboxConfig(workdir="/testbed", image="/img", seed={"/testbed": "/layers/x/d0"})
     for cls in (BwrapSandbox, ApptainerSandbox):
+        cfg = make_config(
+            backend=cls.backend_name, workdir="/testbed", image="/img", seed={"/testbed": "/layers/x/d0"}
+        )
         sb = cls(cfg, sandbox_id="sb-0123456789ab", owner="t", scratch=tmp_path / "sb", bundle_dir=tmp_path)
         if dedicated:  # as root: a uid of the sandbox's own, which cannot own the layer
             sb.identity = SandboxIdentity(uid=1610612737, gid=1610612737, dedicated=True)

@@ -24,11 +24,11 @@ pytestmark = pytest.mark.integration
 # "wait" (block until stdin closes, then exit normally).
 CHILD = r"""
 import asyncio, json, os, signal, sys
-from raas.sandbox import SandboxConfig, SandboxManager
+from raas.sandbox import SandboxManager, config_from_dict
 from raas.sandbox.manager import install_signal_handlers
 
 async def main():
-    state, config, mode = sys.argv[1], SandboxConfig.model_validate_json(sys.argv[2]), sys.argv[3]
+    state, config, mode = sys.argv[1], config_from_dict(json.loads(sys.argv[2])), sys.argv[3]
     m = SandboxManager(state)
     sb = await m.start(config, owner="child")
     # A daemon in its own session (no SIGHUP when the pty goes); the FIFO read returns once it is set up.

@@ -17,6 +17,7 @@ import pytest
 
 from raas.sandbox import Sandbox, SandboxConfig, SandboxManager
 from raas.sandbox import procs as sbprocs
+from raas.sandbox.config import make_config
 from raas.sandbox.pool import POOL_OWNER, PoolSettings, WarmPool, WarmPools, config_key
 
 BACKENDS = pytest.mark.parametrize("backend", ["local", "bwrap"])
@@ -74,7 +75,7 @@ async def test_target_follows_demand_backlog_and_bounds(tmp_path: Path) -> None:
     pools.settings = settings(min_size=1, max_size=20, window_s=10)
     backlog = [0]
     pools.backlog = lambda: backlog[0]
-    pool = WarmPool(config=SandboxConfig(), key="k")
+    pool = WarmPool(config=make_config(), key="k")
     now = 1000.0
     assert pools.target_of(pool, now) == 1  # no demand: min_size
     pool.demand.extend([now - 12.0] * 4 + [now - 1.0] * 3)  # 3 requests within the window, 4 before it
@@ -262,7 +263,7 @@ async def test_sandboxes_of_a_replaced_bundle_are_not_handed_out(
 
 @pytest.mark.integration
 async def test_a_claimed_sandbox_gets_its_lease_and_an_idle_one_none(sandbox_manager: SandboxManager) -> None:
-    config = SandboxConfig(backend="local")
+    config = make_config(backend="local")
     sandbox_manager.default_lease_s = 0.3
     sandbox_manager.pools.configure(settings(min_size=1, max_size=1), [config])
     await filled(sandbox_manager, config, 1)
@@ -278,7 +279,7 @@ async def test_a_claimed_sandbox_gets_its_lease_and_an_idle_one_none(sandbox_man
 
 @pytest.mark.integration
 async def test_pools_follow_demand_up_and_back_down(sandbox_manager: SandboxManager) -> None:
-    config = SandboxConfig(backend="local")
+    config = make_config(backend="local")
     sandbox_manager.pools.configure(settings(window_s=3.0, keep_idle_s=0.0), [config])
     pool = pool_of(sandbox_manager, config)
     await asyncio.sleep(0.2)

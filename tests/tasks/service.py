@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from tests.agent.scripted import completions
 from tests.api.conftest import APIFactory, LiveAPI
+from tests.conftest import unavailable
 from tests.doubles.scripted_llm import Completion, CompletionRequest, Responder
 
 from raas.agent.config import AgentConfig
@@ -53,7 +53,7 @@ async def bwrap_service(
 ) -> LiveAPI:
     """A live service whose jobs run in bwrap sandboxes of the test image (or the ``local`` backend)."""
     if backend_available.get(backend):
-        pytest.skip(str(backend_available[backend]))
+        unavailable(str(backend_available[backend]))
     sandbox: dict[str, Any] = {"backend": backend, "start_timeout_s": 120}
     if backend != "local":
         sandbox["image"] = str(test_image)

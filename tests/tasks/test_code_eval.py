@@ -19,6 +19,7 @@ import pytest
 from raas.core.trajectory import RunOutput
 from raas.errors import RaasError
 from raas.sandbox import SandboxConfig, SandboxManager, procs
+from raas.sandbox.config import make_config
 from raas.tasks.base import Env, Job, JobSandboxes
 from raas.tasks.code import CodeHandler
 from raas.tasks.code.humaneval import humaneval
@@ -290,7 +291,7 @@ async def test_local_sandboxes_evaluate_side_by_side_in_their_own_workspaces(
 ) -> None:
     """The local backend ignores ``workdir``: EVAL works in each sandbox's own workspace, so concurrent
     evaluations never share files."""
-    local = SandboxConfig(backend="local")
+    local = make_config(backend="local")
 
     async def one(instance: dict[str, Any], solution: str) -> float | None:
         js = JobSandboxes(sandbox_manager, local, owner="code-eval-local")

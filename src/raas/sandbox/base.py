@@ -30,10 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
+from pydantic import BaseModel
+
 from raas.errors import RaasError
 from raas.sandbox import procs
 from raas.sandbox.client import ToolClient
-from raas.sandbox.config import WRITABLE_DIRS, SandboxConfig
+from raas.sandbox.config import SandboxConfig
 from raas.sandbox.executors import SandboxExecutors
 from raas.sandbox.identity import SandboxIdentity, allocate_identity, current_identity, make_fresh_dir
 
@@ -100,8 +102,11 @@ class Sandbox(ABC):
     """One running sandbox: a tool server reachable over ``<run_dir>/tool.sock``."""
 
     backend_name: ClassVar[str] = ""
+    config_class: ClassVar[type[BaseModel]] = BaseModel
+    """The config class this backend takes (its member of :data:`~raas.sandbox.config.SandboxConfig`)."""
     supports_seed: ClassVar[bool] = False
-    """The backend lays ``config.seed`` dirs over the image before the boot step copies them."""
+    """The backend lays ``config.seed`` dirs over the image before the boot step copies them (then its
+    config is a :class:`~raas.sandbox.config.NamespaceSandboxConfig`)."""
     # Container backends run under a uid of their own when raas is root; local and docker do not.
     dedicated_identity: ClassVar[bool] = False
 
@@ -118,6 +123,12 @@ class Sandbox(ABC):
     ) -> None:
         """``executors``: the manager's (shared by its sandboxes); without them, or once they are shut down,
         the sandbox uses executors of its own and shuts them down when it has closed."""
+        if not isinstance(config, self.config_class):
+            raise RaasError(
+                f"the {self.backend_name} backend takes a {self.config_class.__name__}, not "
+                f"{type(config).__name__}",
+                kind="bad_request",
+            )
         self.config = config
         self.id = sandbox_id
         self.owner = owner
@@ -161,21 +172,9 @@ class Sandbox(ABC):
     def socket_path(self) -> Path:
         return self.run_dir / SOCKET_NAME
 
-    @property
-    def area_dir(self) -> Path:
-        """Host dir that is the sandbox's writable area when ``root_writes="host"``."""
-        return self.scratch / "rw"
-
     def area_path(self, inner: str) -> Path | None:
         """The host dir holding the sandbox's writable copy of ``inner`` (the workdir or one of
-        ``writable``) with ``root_writes="host"`` in a container backend; None otherwise."""
-        cfg = self.config
-        if cfg.root_writes != "host" or not self.supports_seed:
-            return None
-        if inner == cfg.workdir:
-            return self.area_dir / "ws"
-        if inner in cfg.writable:
-            return self.area_dir / f"w{cfg.writable.index(inner)}"
+        ``writable``), where the backend keeps it on the host; None otherwise."""
         return None
 
     @property
@@ -235,10 +234,7 @@ class Sandbox(ABC):
 
     def sandbox_dirs(self) -> list[Path]:
         """Host dirs the sandbox itself writes to (created by :meth:`make_dirs`)."""
-        dirs = [self.run_dir]
-        if self.config.root_writes == "host":
-            dirs.append(self.area_dir)
-        return dirs
+        return [self.run_dir]
 
     def server_args(self, socket: str, workdir: str) -> list[str]:
         """Arguments of the tool server (after ``raas_toolserver.boot ... --``)."""
@@ -255,23 +251,6 @@ class Sandbox(ABC):
         for kv in rlimit_args(self.config.memory_mb, self.config.file_size_mb, self.config.max_procs):
             out += ["--rlimit", kv]
         return out
-
-    def container_boot_args(self, *, area_mount_point: str = INNER_AREA) -> list[str]:
-        """Boot options of a container sandbox: writable area, ptys, socket, read-only rest, no caps."""
-        cfg = self.config
-        args = ["--mount-ns", "--area", area_mount_point]
-        if cfg.root_writes == "tmpfs" and cfg.disk_mb is not None:
-            args += ["--disk-mb", str(cfg.disk_mb)]
-        args += ["--bind", f"ws:{cfg.workdir}", "--populate", cfg.workdir]
-        for i, path in enumerate(cfg.writable):
-            args += ["--bind", f"w{i}:{path}", "--populate", path]
-        if not self.identity.dedicated:  # seeds are the service user's files: root inside, overlay-able
-            for dest in cfg.seed:
-                args += ["--overlay", dest]
-        for dest in WRITABLE_DIRS:
-            args += ["--bind-if", f"{dest.strip('/').replace('/', '-')}:{dest}"]
-        args += ["--ptys", str(cfg.max_ptys), "--listen", f"{INNER_RUN}/{SOCKET_NAME}", "--readonly-rest"]
-        return [*args, *self.rlimit_args(), "--drop-caps"]
 
     def boot_command(self, python: str, boot_args: list[str], socket: str, workdir: str) -> list[str]:
         """``python -S -c BOOT_CODE <boot args> -- <server args>``.

@@ -66,6 +66,7 @@ from pydantic import BaseModel, Field
 from raas.errors import RaasError
 from raas.sandbox import procs
 from raas.sandbox.base import Sandbox, remove_tree
+from raas.sandbox.config import SandboxConfig, image_of, writable_of
 from raas.sandbox.identity import kill_uid, make_private_dir
 
 log = logging.getLogger(__name__)
@@ -84,10 +85,10 @@ class LayerPolicy(BaseModel):
     sweep_interval_s: float = Field(10.0, gt=0)
 
 
-def layer_key(handler_key: str, config: Any) -> str:
+def layer_key(handler_key: str, config: SandboxConfig) -> str:
     """The store key: the handler's key for its preparation plus what the layer is laid over (the image
     and the populated dirs), so a layer is never seeded into a sandbox of another image or layout."""
-    parts = [handler_key, config.image, config.workdir, sorted(config.writable)]
+    parts = [handler_key, image_of(config), config.workdir, sorted(writable_of(config))]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]
 
 
@@ -268,7 +269,7 @@ class LayerStore:
 
     async def _publish(self, entry: _Entry, sandbox: Sandbox, meta: dict[str, Any]) -> None:
         cfg = sandbox.config
-        dirs = [cfg.workdir, *cfg.writable]
+        dirs = [cfg.workdir, *writable_of(cfg)]
         sources = [sandbox.area_path(d) for d in dirs]
         path = self.dir / secrets.token_hex(8)
         await asyncio.to_thread(make_private_dir, path, 0o711)

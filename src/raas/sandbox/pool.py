@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from raas.sandbox.base import Sandbox, SandboxConfig
+from raas.sandbox.base import Sandbox
+from raas.sandbox.config import SandboxConfig, image_of
 
 if TYPE_CHECKING:
     from raas.sandbox.manager import SandboxManager
@@ -141,7 +142,7 @@ class WarmPool:
 
     @property
     def label(self) -> str:
-        image = self.config.image or "-"
+        image = image_of(self.config) or "-"
         return f"{self.config.backend}:{image}#{self.key_hash}"
 
     @property
@@ -365,7 +366,7 @@ class WarmPools:
                 {
                     "pool": p.label,
                     "backend": p.config.backend,
-                    "image": p.config.image,
+                    "image": image_of(p.config),
                     "idle": len(p.idle),
                     "starting": len(p.starting),
                     "target": p.target,

@@ -32,6 +32,7 @@ from raas.core.jobs import Job
 from raas.core.policy import StagePolicy
 from raas.core.trajectory import EvalOutput, RunOutput
 from raas.sandbox.base import backend_class
+from raas.sandbox.config import with_overrides
 from raas.sandbox.layers import LayerStore, Share, layer_key
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ class JobSandboxes:
 
     def config(self, **overrides: Any) -> SandboxConfig:
         """The default sandbox settings with ``overrides`` applied."""
-        return self.default.model_copy(update=overrides) if overrides else self.default
+        return with_overrides(self.default, **overrides)
 
     async def open(self, **overrides: Any) -> Sandbox:
         sandbox = await self.manager.start(self.config(**overrides), owner=self.owner)

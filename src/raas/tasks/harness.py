@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from raas.core.trajectory import EvalOutput, RunOutput
 from raas.errors import RaasError
 from raas.gateway import Gateway
+from raas.sandbox.config import image_of
 from raas.sandbox.images import PIP_VENV, ImageSpec, rootfs_path
 from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
 
@@ -135,7 +136,8 @@ class HarnessHandler(TaskHandler):
         default = sandboxes.default
         if default.backend in ("local", "docker", "podman"):
             return {}
-        if default.image and (Path(default.image) / PIP_VENV.lstrip("/") / "bin" / "python").exists():
+        image = image_of(default)
+        if image and (Path(image) / PIP_VENV.lstrip("/") / "bin" / "python").exists():
             return {}
         path = rootfs_path(self.image_spec)
         if not (path / "usr").is_dir():

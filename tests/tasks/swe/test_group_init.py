@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from tests.agent.scripted import tool_call
+from tests.conftest import unavailable
 from tests.doubles.scripted_llm import ScriptedLLM
 from tests.tasks.swe.policy import ScriptBook
 
@@ -58,12 +59,12 @@ def registry() -> HandlerRegistry:
 @pytest.fixture(scope="module")
 async def record(backend_available: dict[str, str | None]) -> SweRecord:
     if backend_available.get("bwrap"):
-        pytest.skip(str(backend_available["bwrap"]))
+        unavailable(str(backend_available["bwrap"]))
     try:
         records, _ = await build(BuildOptions(**SMALL_SET))  # type: ignore[arg-type]
     except RaasError as e:
         if os.geteuid() != 0 and e.kind == "sandbox_start_failed":
-            pytest.skip(f"the SWE small set is not built and this user cannot build it: {e.message}")
+            unavailable(f"the SWE small set is not built and this user cannot build it: {e.message}")
         raise
     return records[0]
 
@@ -140,7 +141,7 @@ async def test_a_group_prepares_once_and_samples_stay_private(
     count_preparations: list[str],
 ) -> None:
     if backend_available.get(backend):
-        pytest.skip(str(backend_available[backend]))
+        unavailable(str(backend_available[backend]))
     r, path = record, buggy_file(record)
     pristine = hashlib.md5((Path(r.image) / "testbed" / path).read_bytes()).hexdigest()
     attack = (
@@ -193,7 +194,7 @@ async def test_a_failed_shared_preparation_is_infrastructure_for_the_group(
     count_preparations: list[str],
 ) -> None:
     if backend_available.get(backend):
-        pytest.skip(str(backend_available[backend]))
+        unavailable(str(backend_available[backend]))
     broken = record.model_copy(update={"base_commit": "0" * 40})  # not in the image's repository
     book = ScriptBook(tok)
     async with ScriptedLLM(book) as llm:

@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from tests.conftest import unavailable
 
 from raas.errors import RaasError
 from raas.sandbox.images import build_sif
@@ -19,7 +20,7 @@ async def test_one_conversion_per_image_however_many_jobs_ask(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend_available: dict[str, str | None]
 ) -> None:
     if backend_available.get("apptainer"):
-        pytest.skip(str(backend_available["apptainer"]))
+        unavailable(str(backend_available["apptainer"]))
     root = tmp_path / "root"
     (root / "testbed").mkdir(parents=True)
     (root / "testbed" / "f.py").write_text("x = 1\n")

@@ -9,6 +9,7 @@ import asyncio
 import os
 
 import pytest
+from tests.conftest import unavailable
 
 from raas.errors import RaasError
 from raas.sandbox import SandboxManager
@@ -30,12 +31,12 @@ LATIN1 = "café crème\n".encode("latin-1")
 @pytest.fixture(scope="module")
 def record(backend_available: dict[str, str | None]) -> SweRecord:
     if backend_available.get("bwrap"):
-        pytest.skip(str(backend_available["bwrap"]))
+        unavailable(str(backend_available["bwrap"]))
     try:
         records, _ = asyncio.run(build(BuildOptions(**SMALL_SET)))  # type: ignore[arg-type]
     except RaasError as e:
         if os.geteuid() != 0 and e.kind == "sandbox_start_failed":
-            pytest.skip(f"the SWE small set is not built and this user cannot build it: {e.message}")
+            unavailable(f"the SWE small set is not built and this user cannot build it: {e.message}")
         raise
     return records[8]
 

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 from tests.agent.scripted import tool_call
+from tests.conftest import unavailable
 from tests.doubles.scripted_llm import ScriptedLLM
 from tests.tasks.swe.policy import ScriptBook, gold_by_bash, gold_by_editor, wrong_edit
 
@@ -52,12 +53,12 @@ SMALL_SET = {"packages": list(FAST_PACKAGES), "per_package": 4, "seed": 0, "jobs
 @pytest.fixture(scope="session")
 async def swe_set(backend_available: dict[str, str | None]) -> list[SweRecord]:
     if backend_available.get("bwrap"):
-        pytest.skip(str(backend_available["bwrap"]))
+        unavailable(str(backend_available["bwrap"]))
     try:
         records, _ = await build(BuildOptions(**SMALL_SET))  # type: ignore[arg-type]
     except RaasError as e:
         if os.geteuid() != 0 and e.kind == "sandbox_start_failed":
-            pytest.skip(f"the SWE small set is not built and this user cannot build it: {e.message}")
+            unavailable(f"the SWE small set is not built and this user cannot build it: {e.message}")
         raise
     return records
 
@@ -235,7 +236,7 @@ async def test_prorl_process_returns_git_patch_under_apptainer(
     backend_available: dict[str, str | None],
 ) -> None:
     if backend_available.get("apptainer"):
-        pytest.skip(str(backend_available["apptainer"]))
+        unavailable(str(backend_available["apptainer"]))
     r = swe_set[8]
     book = ScriptBook(tok)
     params = book.add("apptainer-gold", gold_by_editor(r.patch))

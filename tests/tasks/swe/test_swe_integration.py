@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from tests.conftest import unavailable
 from typer.testing import CliRunner
 
 from raas.errors import RaasError
@@ -40,12 +41,12 @@ T = TypeVar("T")
 @pytest.fixture(scope="session")
 async def swe_set(backend_available: dict[str, str | None]) -> list[SweRecord]:
     if backend_available.get("bwrap"):
-        pytest.skip(str(backend_available["bwrap"]))
+        unavailable(str(backend_available["bwrap"]))
     try:
         records, _ = await build(BuildOptions(**SMALL_SET))  # type: ignore[arg-type]
     except RaasError as e:
         if os.geteuid() != 0 and e.kind == "sandbox_start_failed":
-            pytest.skip(f"the SWE small set is not built and this user cannot build it: {e.message}")
+            unavailable(f"the SWE small set is not built and this user cannot build it: {e.message}")
         raise
     return records
 

@@ -20,18 +20,19 @@ import shutil
 from pathlib import Path
 
 from raas.errors import RaasError
-from raas.sandbox.backends.bwrap import INNER_PATH, check_visible, ensure_mount_points, inner_env
-from raas.sandbox.base import INNER_AREA, INNER_LIB, INNER_RUN, SOCKET_NAME, LaunchSpec, Sandbox
-from raas.sandbox.config import parse_bind
+from raas.sandbox.backends.bwrap import INNER_PATH, inner_env
+from raas.sandbox.backends.namespace import NamespaceSandbox, ensure_mount_points
+from raas.sandbox.base import INNER_AREA, INNER_LIB, INNER_RUN, SOCKET_NAME, LaunchSpec
+from raas.sandbox.config import ApptainerSandboxConfig, parse_bind
 from raas.sandbox.images import apptainer_binary, ensure_sandbox_dir
 
 
-class ApptainerSandbox(Sandbox):
+class ApptainerSandbox(NamespaceSandbox):
     """An apptainer container over an unpacked sandbox directory."""
 
+    config: ApptainerSandboxConfig
     backend_name = "apptainer"
-    dedicated_identity = True
-    supports_seed = True
+    config_class = ApptainerSandboxConfig
     exe: str | None = None
     unshare: str | None = None
     rootfs: Path | None = None
@@ -54,15 +55,7 @@ class ApptainerSandbox(Sandbox):
                 raise RaasError("unshare (util-linux) is not installed", kind="sandbox_start_failed")
         self.rootfs = ensure_sandbox_dir(self.config.image)
         ensure_mount_points(self.rootfs, [INNER_LIB, INNER_RUN, INNER_AREA, self.config.workdir])
-        check_visible(
-            self,
-            [
-                self.rootfs,
-                self.bundle_dir,
-                *(Path(parse_bind(b)[0]) for b in self.config.binds),
-                *(Path(h) for h in self.config.seed.values()),
-            ],
-        )
+        self.check_visible(self.host_paths(self.rootfs))
 
     def build_launch(self) -> LaunchSpec:
         cfg = self.config

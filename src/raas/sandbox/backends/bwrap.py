@@ -26,8 +26,9 @@ from pathlib import Path
 
 from raas.errors import RaasError
 from raas.sandbox import procs
-from raas.sandbox.base import INNER_AREA, INNER_LIB, INNER_RUN, SOCKET_NAME, LaunchSpec, Sandbox
-from raas.sandbox.config import parse_bind
+from raas.sandbox.backends.namespace import NamespaceSandbox, ensure_mount_points
+from raas.sandbox.base import INNER_AREA, INNER_LIB, INNER_RUN, SOCKET_NAME, LaunchSpec
+from raas.sandbox.config import BwrapSandboxConfig, parse_bind
 from raas.sandbox.images import ensure_sandbox_dir
 
 INNER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -68,12 +69,12 @@ def inner_env(sandbox_id: str, extra: dict[str, str], home: str = "/root") -> di
     return env
 
 
-class BwrapSandbox(Sandbox):
+class BwrapSandbox(NamespaceSandbox):
     """A bubblewrap sandbox over an unpacked root directory."""
 
+    config: BwrapSandboxConfig
     backend_name = "bwrap"
-    dedicated_identity = True
-    supports_seed = True
+    config_class = BwrapSandboxConfig
     exe: str | None = None
     rootfs: Path | None = None
 
@@ -88,15 +89,7 @@ class BwrapSandbox(Sandbox):
         self.rootfs = ensure_sandbox_dir(self.config.image)
         dests = [parse_bind(b)[1] for b in self.config.binds]
         ensure_mount_points(self.rootfs, ["/.raas", self.config.workdir, *dests])
-        check_visible(
-            self,
-            [
-                self.rootfs,
-                self.bundle_dir,
-                *(Path(parse_bind(b)[0]) for b in self.config.binds),
-                *(Path(h) for h in self.config.seed.values()),
-            ],
-        )
+        self.check_visible(self.host_paths(self.rootfs))
 
     def build_launch(self) -> LaunchSpec:
         cfg = self.config
@@ -124,35 +117,3 @@ class BwrapSandbox(Sandbox):
             cfg.python, self.container_boot_args(), f"{INNER_RUN}/{SOCKET_NAME}", cfg.workdir
         )
         return LaunchSpec(argv=argv, env={}, args_via_fd=True)
-
-
-def check_visible(sb: Sandbox, paths: list[Path]) -> None:
-    """With a dedicated uid the runtime cannot enter root's private dirs: say so before it fails."""
-    if not sb.identity.dedicated:
-        return
-    from raas.sandbox.identity import traversable_by_others
-
-    for p in paths:
-        if not traversable_by_others(p):
-            raise RaasError(
-                f"{p} is not reachable by the sandbox's uid {sb.identity.uid} (a parent directory lacks o+x); "
-                "keep images, the state dir and bind sources in world-traversable directories "
-                "(e.g. RAAS_IMAGE_CACHE=/var/cache/raas/images)",
-                kind="sandbox_start_failed",
-            )
-
-
-def ensure_mount_points(rootfs: Path, inner: list[str]) -> None:
-    """A read-only root cannot grow bind targets at start: create them in the image once, or explain."""
-    for p in inner:
-        target = rootfs / p.lstrip("/")
-        if target.is_dir():
-            continue
-        try:
-            target.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise RaasError(
-                f"image {rootfs} lacks the directory {p} and it cannot be created ({e}); "
-                "build images with `raas image build` or create it in the image",
-                kind="sandbox_start_failed",
-            ) from e

@@ -19,13 +19,15 @@ from pathlib import Path
 from raas.errors import RaasError
 from raas.sandbox.backends.bwrap import INNER_PATH, inner_env
 from raas.sandbox.base import INNER_LIB, INNER_RUN, SOCKET_NAME, LaunchSpec, Sandbox
-from raas.sandbox.config import parse_bind
+from raas.sandbox.config import DockerSandboxConfig, parse_bind
 
 
 class DockerSandbox(Sandbox):
     """A container run by the ``docker`` CLI (``podman`` speaks the same flags)."""
 
+    config: DockerSandboxConfig
     backend_name = "docker"
+    config_class = DockerSandboxConfig
     cli = "docker"
 
     @property

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from raas.sandbox.base import LaunchSpec, Sandbox
+from raas.sandbox.config import LocalSandboxConfig
 
 # Host variables worth keeping (locale, temp dir); everything else is dropped for reproducibility.
 PASS_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
@@ -22,7 +23,9 @@ PASS_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
 class LocalSandbox(Sandbox):
     """Host process, own session and workspace; dies with its parent where ``setpriv`` exists."""
 
+    config: LocalSandboxConfig
     backend_name = "local"
+    config_class = LocalSandboxConfig
 
     def sandbox_dirs(self) -> list[Path]:
         return [self.run_dir, self.workspace, self.home]

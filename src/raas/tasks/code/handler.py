@@ -30,6 +30,7 @@ from raas.agent.tools import ToolSet
 from raas.core.policy import StagePolicy, StageTimeouts
 from raas.core.trajectory import EvalOutput, RunOutput
 from raas.errors import RaasError, is_infrastructure
+from raas.sandbox.config import python_of
 from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
 from raas.tasks.code.grading import decode_output, outputs_match
 from raas.tasks.code.instances import CodeSpec, IOTest, parse, reward_mode_of
@@ -113,7 +114,7 @@ def _verdict(text: str, nonce: str) -> dict[str, Any] | None:
 
 def _command(sandbox: Any, root: str, mode: str, spec_path: str) -> str:
     """The shell command that runs the harness with the image's python3."""
-    parts = [str(sandbox.config.python), f"{root}/harness.py", mode, spec_path]
+    parts = [python_of(sandbox.config), f"{root}/harness.py", mode, spec_path]
     return " ".join(shlex.quote(p) for p in parts)
 
 

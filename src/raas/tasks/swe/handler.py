@@ -29,6 +29,7 @@ from raas.core.policy import StagePolicy, StageShares, StageTimeouts
 from raas.core.trajectory import EvalOutput, RunOutput
 from raas.errors import RaasError
 from raas.sandbox.base import Sandbox
+from raas.sandbox.config import NamespaceSandboxConfig
 from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
 
 from .config import SweConfig, load_config
@@ -110,6 +111,17 @@ class SweHandler(TaskHandler):
         repo_mb = await self._gates().repo_mb(image_dir, task.workdir)
         in_ram = repo_mb <= s.tmpfs_max_repo_mb
         prefix = task.workdir.rstrip("/") + "/"
+        overrides: dict[str, Any] = {
+            "image": str(image_dir),
+            "workdir": task.workdir,
+            "network": False,
+            "memory_mb": s.memory_mb,
+            "max_procs": s.max_procs,
+            "start_timeout_s": s.start_timeout_s,
+            "command_timeout_s": s.command_timeout_s,
+        }
+        if not isinstance(default, NamespaceSandboxConfig):
+            return ref, overrides  # docker/podman: the engine's own writable layer holds every change
         writable = list(default.writable)
         if hide:  # hidden dirs outside the repository become writable copies, removed before RUN
             writable += [
@@ -118,16 +130,10 @@ class SweHandler(TaskHandler):
                 if not p.startswith(prefix) and (image_dir / p.lstrip("/")).is_dir()
             ]
         return ref, {
-            "image": str(image_dir),
-            "workdir": task.workdir,
-            "network": False,
+            **overrides,
             "writable": writable,
             "root_writes": "tmpfs" if in_ram else "host",
             "disk_mb": int(s.disk_mb_base + s.disk_mb_per_repo_mb * repo_mb) if in_ram else None,
-            "memory_mb": s.memory_mb,
-            "max_procs": s.max_procs,
-            "start_timeout_s": s.start_timeout_s,
-            "command_timeout_s": s.command_timeout_s,
         }
 
     async def _open(

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from raas.errors import RaasError
-from raas.sandbox import SandboxConfig
-from raas.sandbox.base import Sandbox
+from raas.sandbox.base import Sandbox, backend_class
+from raas.sandbox.config import SandboxConfig, make_config
 
 from . import grading
 
@@ -44,17 +44,19 @@ def sandbox_config(
     workdir: str = "/testbed",
 ) -> SandboxConfig:
     """A networkless sandbox from ``image`` whose ``workdir`` (the repository) is a writable copy."""
-    return SandboxConfig(
-        backend=backend,
-        image=str(image),
-        network=False,
-        workdir=workdir,
-        command_timeout_s=timeout_s,
-        memory_mb=memory_mb,
-        max_procs=512,
-        disk_mb=1024,
-        start_timeout_s=120,
-    )
+    fields: dict[str, Any] = {
+        "backend": backend,
+        "image": str(image),
+        "network": False,
+        "workdir": workdir,
+        "command_timeout_s": timeout_s,
+        "memory_mb": memory_mb,
+        "max_procs": 512,
+        "start_timeout_s": 120,
+    }
+    if backend_class(backend).supports_seed:  # raas sizes the writable area itself (bwrap, apptainer)
+        fields["disk_mb"] = 1024
+    return make_config(**fields)
 
 
 async def run_command(

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import httpx
 
+from raas.core.reaping import reap_dead_owner_dirs
 from raas.errors import RaasError
 from raas.llm.models import default_gguf_path
 
@@ -88,19 +89,8 @@ def reap_stale_dirs(root: Path | None = None, prefix: str = _TMP_PREFIX) -> list
     """Remove the temp dirs (named ``<prefix><owner pid>-...``) of model servers whose owning process is
     gone (it was SIGKILLed, so neither ``stop()`` nor ``atexit`` ran; the kernel killed the server, nobody
     removed its dir)."""
-    removed = []
-    for path in Path(root or tempfile.gettempdir()).glob(f"{prefix}*-*"):
-        owner = path.name[len(prefix) :].split("-", 1)[0]
-        if not owner.isdigit() or int(owner) == os.getpid():
-            continue
-        try:
-            os.kill(int(owner), 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-        except PermissionError:
-            continue
-    return removed
+    paths = Path(root or tempfile.gettempdir()).glob(f"{prefix}*-*")
+    return reap_dead_owner_dirs(paths, lambda p: p.name[len(prefix) :].split("-", 1)[0])
 
 
 def llama_server_binary() -> Path:

@@ -40,6 +40,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from raas.core.reaping import reap_dead_owner_dirs
 from raas.errors import RaasError
 from raas.sandbox import procs
 from raas.sandbox.base import (
@@ -66,8 +67,15 @@ _BUNDLES: dict[Path, tuple[Path, dict[str, str]]] = {}
 _BUNDLES_LOCK = threading.Lock()
 
 
+def reap_stale_bundles(bundles_dir: Path) -> list[Path]:
+    """Remove bundles whose building process is gone (it was killed before it could clean up)."""
+    from raas.toolserver.bundle import BUNDLE_GLOB, bundle_owner_pid
+
+    return reap_dead_owner_dirs(bundles_dir.glob(BUNDLE_GLOB), bundle_owner_pid)
+
+
 def _checked_bundle(bundles_dir: Path) -> Path:
-    from raas.toolserver.bundle import build_bundle, reap_stale_bundles, verify_bundle
+    from raas.toolserver.bundle import build_bundle, verify_bundle
 
     with _BUNDLES_LOCK:
         known = _BUNDLES.get(bundles_dir)
@@ -324,8 +332,6 @@ class SandboxManager:
         """A scratch root outside the state dir (the short /var/tmp one) goes once no sandbox is left."""
         if self._live or self.scratch_root.is_relative_to(self.state_dir):
             return
-        from raas.toolserver.bundle import reap_stale_bundles
-
         if self.bundles_dir.is_dir():
             reap_stale_bundles(self.bundles_dir)
         if any(m is not self and m.scratch_root == self.scratch_root and m._live for m in list(_MANAGERS)):

@@ -100,18 +100,10 @@ def build_bundle(dest_dir: str | os.PathLike[str]) -> tuple[Path, dict[str, str]
     return final, digest
 
 
-def reap_stale_bundles(dest_dir: str | os.PathLike[str]) -> list[Path]:
-    """Remove bundles whose building process is gone (it was killed before it could clean up)."""
-    removed = []
-    for path in Path(dest_dir).glob(f"{_PREFIX}*-*-*"):
-        pid = path.name.split("-")[-2]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-        except PermissionError:
-            continue
-    return removed
+BUNDLE_GLOB = f"{_PREFIX}*-*-*"
+"""The bundles :func:`build_bundle` makes (``toolserver-<hash>-<builder pid>-<random>``)."""
+
+
+def bundle_owner_pid(path: Path) -> str:
+    """The pid (as text) of the process that built the bundle at ``path``."""
+    return path.name.split("-")[-2]

@@ -144,9 +144,10 @@ class LocalRayCluster:
             )
         return RayNode(ip=ip, proc=proc, log=log)
 
-    def start(self, timeout_s: float = 240.0) -> LocalRayCluster:
+    def start(self, timeout_s: float = 240.0, attempts: int = 3) -> LocalRayCluster:
         """Bring the nodes up one at a time (a loaded 2-core machine cannot start several raylets within
-        Ray's fixed 30 s registration window); a node whose ``ray start`` gave up is started again.
+        Ray's fixed 30 s registration window); a node whose ``ray start`` gave up is started again, up to
+        ``attempts`` times in all.
 
         Every wait is bounded by ``timeout_s`` for the whole cluster: on failure this raises
         :class:`ClusterStartError` with each node's ``ray start`` output and the head's GCS and raylet
@@ -154,7 +155,7 @@ class LocalRayCluster:
         deadline = time.monotonic() + timeout_s
         try:
             for i in range(len(self.capacities)):
-                for attempt in range(3):
+                for attempt in range(attempts):
                     node = self._start_node(i)
                     if len(self.nodes) > i:
                         self.nodes[i] = node
@@ -171,7 +172,7 @@ class LocalRayCluster:
                             self._kill_tagged()
                             (self.dir / "t" / "ray_current_cluster").unlink(missing_ok=True)
                             self.gcs_port = 0
-                        if attempt == 2 or time.monotonic() >= deadline:
+                        if attempt == attempts - 1 or time.monotonic() >= deadline:
                             raise ClusterStartError(
                                 f"{exc} (attempt {attempt + 1})\n{self.diagnostics()}"
                             ) from exc

@@ -233,7 +233,20 @@ def test_serve_starts_and_stops_on_sigterm(tmp_path: Path) -> None:
     env["RAAS_HOME"] = str(tmp_path / "home")
     env["RAAS_IMAGE_CACHE"] = os.environ.get("RAAS_IMAGE_CACHE", str(Path.home() / ".cache/raas/images"))
     proc = subprocess.Popen(
-        [*RAAS, "serve", "--port", str(port), "--sandbox", "local", "--tokenizer", str(prepare_tokenizer())],
+        [
+            *RAAS,
+            "serve",
+            "--port",
+            str(port),
+            "--sandbox",
+            "local",
+            "--tokenizer",
+            str(prepare_tokenizer()),
+            "--init-workers",
+            "auto",
+            "--run-workers",
+            "3",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -252,6 +265,8 @@ def test_serve_starts_and_stops_on_sigterm(tmp_path: Path) -> None:
             f"http://127.0.0.1:{port}/v1/jobs", json={"instance": {"data_source": "nope"}}, timeout=5
         )
         assert r.status_code == 400 and r.json()["error"]["kind"] == "bad_request"
+        stages = httpx.get(f"http://127.0.0.1:{port}/status", timeout=5).json()["stages"]
+        assert stages["run"]["workers"] == 3 and stages["init"]["workers"] >= 1  # auto: sized at start
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:

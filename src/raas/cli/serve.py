@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from raas.pipeline.config import ServiceConfig
 
 
+WORKERS_HELP = "Jobs in this stage at once: a number, or auto (sized from CPUs, memory and measured load)"
+
+
 def serve(
     config: Annotated[Path | None, typer.Option(help="Service config (JSON or TOML)")] = None,
     host: Annotated[str | None, typer.Option()] = None,
@@ -28,9 +31,9 @@ def serve(
     image: Annotated[str | None, typer.Option(help="Sandbox image for every job")] = None,
     llm: Annotated[list[str] | None, typer.Option(help="Inference server URL (repeatable)")] = None,
     tokenizer: Annotated[Path | None, typer.Option(help="Chat tokenizer dir of the policy model")] = None,
-    init_workers: Annotated[int | None, typer.Option()] = None,
-    run_workers: Annotated[int | None, typer.Option()] = None,
-    eval_workers: Annotated[int | None, typer.Option()] = None,
+    init_workers: Annotated[str | None, typer.Option(help=WORKERS_HELP)] = None,
+    run_workers: Annotated[str | None, typer.Option(help=WORKERS_HELP)] = None,
+    eval_workers: Annotated[str | None, typer.Option(help=WORKERS_HELP)] = None,
     insecure: Annotated[
         bool,
         typer.Option(help="Serve a non-loopback --host without RAAS_API_TOKEN (anyone can submit jobs)"),

@@ -19,6 +19,7 @@ from raas.errors import RaasError
 from raas.pipeline.ledger import Ledger
 from raas.sandbox import SandboxManager
 from raas.sandbox.config import make_config
+from raas.sandbox.layers import LayerStore
 from raas.tasks.swe.images import ImageGates
 
 from .conftest import leftovers
@@ -104,7 +105,8 @@ async def test_aclose_waits_for_started_calls(blocker: Blocker) -> None:
 @pytest.mark.integration
 async def test_a_blocked_default_pool_starves_no_subsystem(tmp_path: Path, blocker: Blocker) -> None:
     """The loop's default pool is fully taken by slow work: sandboxes still start, run and close, the
-    ledger opens and closes, image gates measure a tree; none of them waits on that pool."""
+    ledger opens and closes, image gates measure a tree, a layer store closes; none of them waits on that
+    pool."""
     loop = asyncio.get_running_loop()
     previous = getattr(loop, "_default_executor", None)  # put back after: the loop may serve other tests
     default = ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-default")
@@ -125,6 +127,11 @@ async def test_a_blocked_default_pool_starves_no_subsystem(tmp_path: Path, block
             assert not ledger.running
             gates = ImageGates(1, 1)
             assert await gates.repo_mb(tmp_path, "/state") >= 0
+            store = LayerStore(tmp_path / "layers")
+            assert store.sweep() == 0
+            await store.close()  # removes its dir on the store's own pool
+            assert not store.dir.exists()
+            assert not [t for t in threading.enumerate() if t.name.startswith("raas-layers")]
         assert blocker.running == 1  # the default pool was held the whole time
     finally:
         await manager.close_all()

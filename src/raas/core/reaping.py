@@ -13,8 +13,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 
-def reap_dead_owner_dirs(paths: Iterable[Path], owner_pid: Callable[[Path], str]) -> list[Path]:
-    """Remove each dir of ``paths`` whose owner (``owner_pid(path)``, a pid as text) no longer exists.
+def reap_dead_owner_dirs(
+    paths: Iterable[Path],
+    owner_pid: Callable[[Path], str],
+    remove: Callable[[Path], object] = lambda p: shutil.rmtree(p, ignore_errors=True),
+) -> list[Path]:
+    """Remove (with ``remove``) each dir of ``paths`` whose owner (``owner_pid(path)``, a pid as text) no
+    longer exists.
 
     Dirs of this process, of live processes, of processes this user may not signal (another user's
     still-running owner), and with an unreadable owner are kept; returns what was removed."""
@@ -26,7 +31,7 @@ def reap_dead_owner_dirs(paths: Iterable[Path], owner_pid: Callable[[Path], str]
         try:
             os.kill(int(owner), 0)
         except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
+            remove(path)
             removed.append(path)
         except PermissionError:
             continue

@@ -31,6 +31,7 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from raas.agent.config import AgentConfig
+from raas.core.executors import Executor
 from raas.core.jobs import Job
 from raas.errors import RaasError
 from raas.gateway.app import SESSION_SCOPE_KEY, create_gateway_app
@@ -137,6 +138,7 @@ class Gateway:
         self.app = create_gateway_app(self)
         self._by_key: dict[str, GatewaySession] = {}
         self._endpoints: dict[str, list[_Endpoint]] = {}
+        self._renderer = Executor("raas-gateway-render", 2)
 
     # -- sessions ---------------------------------------------------------------------------------------
 
@@ -160,6 +162,7 @@ class Gateway:
             tokenizer=self.tokenizer,
             balancer=self.balancer,
             agent=agent or AgentConfig(),
+            renderer=self._renderer,
             sampling_params=job.sampling_params if sampling_params is None else sampling_params,
             honor_request_sampling=self.honor_request_sampling,
         )
@@ -226,6 +229,7 @@ class Gateway:
         for sid in list(self._endpoints):
             for endpoint in self._endpoints.pop(sid):
                 await endpoint.stop()
+        await self._renderer.aclose()
 
 
 def gateway_env(base: str, key: str, model: str, *, socket: str | None = None) -> dict[str, str]:

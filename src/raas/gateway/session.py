@@ -24,6 +24,7 @@ from typing import Any
 from raas.agent.config import AgentConfig
 from raas.agent.loop import TokenMismatch
 from raas.agent.toolcalls import parse_tool_calls
+from raas.core.executors import Executor
 from raas.core.trajectory import RunOutput, TokenTrajectory, Turn
 from raas.errors import RaasError
 from raas.gateway.messages import ChatRequest, MessageKey, Msg, message_key, template_message, tools_key
@@ -104,14 +105,18 @@ class GatewaySession:
         tokenizer: ChatTokenizer,
         balancer: LLMBalancer,
         agent: AgentConfig,
+        renderer: Executor,
         sampling_params: dict[str, Any] | None = None,
         honor_request_sampling: bool = False,
     ) -> None:
+        """``renderer``: the gateway's pool for full chat-template renders (one costs milliseconds for a
+        long history: off the loop, and off its default pool)."""
         self.id = session_id
         self.key = key
         self.trajectory_id = trajectory_id
         self.group_id = group_id
         self.tok = tokenizer
+        self.renderer = renderer
         self.balancer = balancer
         self.agent = agent
         self.job_sampling = {
@@ -206,7 +211,7 @@ class GatewaySession:
             if len(keys) > n and keys[:n] == seg.keys:
                 return self._continue(seg, req.messages[n:], keys[n:])
         templated = [template_message(m, self.native_tools) for m in req.messages]
-        conv = await asyncio.to_thread(self.tok.conversation, templated, tools=req.tools)
+        conv = await self.renderer.run(self.tok.conversation, templated, tools=req.tools)
         self.stats.full_renders += 1
         ids = conv.ids
         for seg in reversed(self.segments):

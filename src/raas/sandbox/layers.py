@@ -63,6 +63,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from raas.core.executors import Executor
+from raas.core.reaping import reap_dead_owner_dirs
 from raas.errors import RaasError
 from raas.sandbox import procs
 from raas.sandbox.base import Sandbox, remove_tree
@@ -184,6 +186,8 @@ class LayerStore:
         self._watchers: set[asyncio.Task[None]] = set()
         self._closed = False
         self.stats = {"prepared": 0, "shared": 0, "failed": 0, "removed": 0}
+        self._pool = Executor("raas-layers", 2)
+        """Copies, unpacks, removals and sweeps: minutes for a large tree, so never on the loop's pool."""
         _STORES.add(self)
         _install_atexit()
 
@@ -272,25 +276,25 @@ class LayerStore:
         dirs = [cfg.workdir, *writable_of(cfg)]
         sources = [sandbox.area_path(d) for d in dirs]
         path = self.dir / secrets.token_hex(8)
-        await asyncio.to_thread(make_private_dir, path, 0o711)
+        await self._pool.run(make_private_dir, path, 0o711)
         try:
             seed: dict[str, str] = {}
             size = 0
             if all(sources):
-                await _stop(sandbox)  # nothing may change the tree while it is copied
+                await _stop(sandbox, self._pool)  # nothing may change the tree while it is copied
             for i, (inner, src) in enumerate(zip(dirs, sources, strict=True)):
                 dest = path / f"d{i}"
                 if src is not None and all(sources):
-                    size += await asyncio.to_thread(_take_tree, src, dest)
+                    size += await self._pool.run(_take_tree, src, dest)
                 else:
                     data = await sandbox.tools.download(inner)
-                    size += await asyncio.to_thread(_unpack, data, dest)
+                    size += await self._pool.run(_unpack, data, dest)
                 seed[inner] = str(dest)
         except BaseException:
-            await asyncio.to_thread(remove_tree, path)
+            await self._pool.run(remove_tree, path)
             raise
         if self._closed:
-            await asyncio.to_thread(remove_tree, path)
+            await self._pool.run(remove_tree, path)
             raise RaasError("the layer store closed while a layer was being published", kind="unavailable")
         entry.path, entry.seed, entry.meta, entry.size = path, seed, meta, size
         entry.built_at = entry.used_at = time.monotonic()
@@ -369,7 +373,7 @@ class LayerStore:
         while True:
             await asyncio.sleep(self.policy.sweep_interval_s)
             try:
-                await asyncio.to_thread(self.sweep)
+                await self._pool.run(self.sweep)
             except Exception:
                 log.exception("layer sweep failed")
 
@@ -380,7 +384,8 @@ class LayerStore:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.to_thread(self.close_sync)
+        await self._pool.run(self.close_sync)
+        await self._pool.aclose()
 
     def close_sync(self) -> None:
         self._closed = True
@@ -393,16 +398,7 @@ class LayerStore:
     @staticmethod
     def _reap_dead(parent: Path) -> None:
         """Directories of stores whose process is gone (killed before it could clean up)."""
-        for d in parent.iterdir():
-            pid = d.name.split("-", 1)[0]
-            if not pid.isdigit() or int(pid) == os.getpid():
-                continue
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                remove_tree(d)
-            except PermissionError:
-                continue
+        reap_dead_owner_dirs(parent.iterdir(), lambda d: d.name.split("-", 1)[0], remove=remove_tree)
 
 
 def _install_atexit() -> None:
@@ -416,6 +412,7 @@ def _close_all_stores() -> None:
     for store in list(_STORES):
         with contextlib.suppress(Exception):
             store.close_sync()
+        store._pool.shutdown()
 
 
 class _LayerFilter:
@@ -447,16 +444,16 @@ class _LayerFilter:
         return out.replace(mode=mode, uid=None, gid=None, uname=None, gname=None, deep=False)  # type: ignore[arg-type]
 
 
-async def _stop(sandbox: Sandbox) -> None:
+async def _stop(sandbox: Sandbox, pool: Executor) -> None:
     """Kill every process of a sandbox whose host area is about to be copied (its dirs stay until it is
     closed): the kernel ends a PID namespace with its first process; stragglers go by id or by uid."""
     if sandbox.pid is not None:
         procs.killpg_quietly(sandbox.pid, signal.SIGKILL)
         procs.kill_quietly(sandbox.pid, signal.SIGKILL)
     await sandbox.wait_exited()
-    await asyncio.to_thread(procs.kill_by_env, sandbox.id)
+    await pool.run(procs.kill_by_env, sandbox.id)
     if sandbox.identity.dedicated:
-        await asyncio.to_thread(kill_uid, sandbox.identity.uid)
+        await pool.run(kill_uid, sandbox.identity.uid)
 
 
 def _take_tree(src: Path, dest: Path) -> int:

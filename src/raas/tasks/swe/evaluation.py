@@ -19,12 +19,12 @@ and is filtered, never scored 0.
 
 from __future__ import annotations
 
-import asyncio
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from raas.agent.tools import truncate
+from raas.core.executors import Executor
 from raas.errors import RaasError
 from raas.sandbox.base import Sandbox
 
@@ -67,12 +67,14 @@ def _no_results(log: str, details: dict[str, Any], cap: int) -> Verdict:
     return Verdict("unresolved", {**details, "log_valid": False}, truncate(log, cap))
 
 
-async def evaluate_task(sb: Sandbox, task: SweTask, patch: str, *, timeout_s: float, log_cap: int) -> Verdict:
+async def evaluate_task(
+    sb: Sandbox, task: SweTask, patch: str, *, timeout_s: float, log_cap: int, grader: Executor
+) -> Verdict:
     """Grade ``patch`` for ``task`` in ``sb`` (a fresh sandbox, repository at the base commit)."""
     if task.grading == "test_cmd":
-        return await _by_test_cmd(sb, task, patch, timeout_s, log_cap)
+        return await _by_test_cmd(sb, task, patch, timeout_s, log_cap, grader)
     if task.grading == "eval_script":
-        return await _by_eval_script(sb, task, patch, timeout_s, log_cap)
+        return await _by_eval_script(sb, task, patch, timeout_s, log_cap, grader)
     return await _by_r2e(sb, task, patch, timeout_s, log_cap)
 
 
@@ -82,9 +84,11 @@ async def _apply(sb: Sandbox, task: SweTask, patch: str) -> tuple[str | None, st
     return await runner.apply_patch(sb, patch, "model", workdir=task.workdir, fuzzy=True)
 
 
-async def _by_test_cmd(sb: Sandbox, task: SweTask, patch: str, timeout_s: float, cap: int) -> Verdict:
+async def _by_test_cmd(
+    sb: Sandbox, task: SweTask, patch: str, timeout_s: float, cap: int, grader: Executor
+) -> Verdict:
     record = task.grading_record()
-    res = await runner.evaluate(sb, record, patch, timeout_s=timeout_s, fuzzy=True)
+    res = await runner.evaluate(sb, record, patch, timeout_s=timeout_s, fuzzy=True, grader=grader)
     details: dict[str, Any] = {"apply_method": res.apply_method}
     if not res.patch_applied:
         return Verdict("patch_failed", {**details, "apply_output": res.apply_output[-2000:]})
@@ -105,7 +109,9 @@ async def _by_test_cmd(sb: Sandbox, task: SweTask, patch: str, timeout_s: float,
     return Verdict("resolved" if res.grade.resolved else "unresolved", details, truncate(log, cap))
 
 
-async def _by_eval_script(sb: Sandbox, task: SweTask, patch: str, timeout_s: float, cap: int) -> Verdict:
+async def _by_eval_script(
+    sb: Sandbox, task: SweTask, patch: str, timeout_s: float, cap: int, grader: Executor
+) -> Verdict:
     from swebench.harness.utils import parse_eval_script, record_test_exit_code
 
     method, out = await _apply(sb, task, patch)
@@ -118,7 +124,7 @@ async def _by_eval_script(sb: Sandbox, task: SweTask, patch: str, timeout_s: flo
     details: dict[str, Any] = {"apply_method": method, "test_s": round(run.seconds, 3)}
     if run.timed_out:
         return Verdict("tests_timed_out", details, truncate(run.output, cap))
-    g = await asyncio.to_thread(grading.grade, task.grading_record(), run.output, None, framed=True)
+    g = await grader.run(grading.grade, task.grading_record(), run.output, None, framed=True)
     if not g.log_valid:
         return _no_results(run.output, details, cap)
     details.update(g.to_dict())

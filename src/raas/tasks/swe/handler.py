@@ -259,6 +259,7 @@ class SweHandler(TaskHandler):
                 patch,
                 timeout_s=self.settings.test_timeout_s,
                 log_cap=self.settings.test_log_cap_bytes,
+                grader=self._gates().grading,
             )
         details = {"outcome": verdict.outcome, "eval_sandbox": source, **verdict.details}
         if env.prewarm_error:

@@ -69,15 +69,19 @@ def image_reference(task: SweTask, template: str = DEFAULT_IMAGE_TEMPLATE) -> st
 
 
 class ImageGates:
-    """Conversions (one per image at a time) and start slots, for one service's event loop.
+    """Conversions (one per image at a time), start slots and grading, for one service's event loop.
 
     Conversions run on a pool of their own (``convert_workers`` threads): a burst of slow conversions
-    waits there and never holds the threads sandbox starts and closes need. The pool is shut down with
-    the gates (they live as long as their event loop)."""
+    waits there and never holds the threads sandbox starts and closes need. Grading (parsing test logs
+    of up to the log cap with SWE-bench's parsers) has its own small pool, so neither waits on the other
+    or on the loop's default pool. The pools are shut down with the gates (they live as long as their
+    event loop)."""
 
     def __init__(self, starts_per_image: int, starts_per_node: int, convert_workers: int = 2) -> None:
         self.converts = Executor("raas-image-convert", convert_workers)
         weakref.finalize(self, self.converts.shutdown)
+        self.grading = Executor("raas-swe-grade", 2)
+        weakref.finalize(self, self.grading.shutdown)
         self.starts_per_image = starts_per_image
         self._node = asyncio.Semaphore(starts_per_node)
         self._per_image: dict[str, asyncio.Semaphore] = {}

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from raas.core.executors import Executor
 from raas.errors import RaasError
 from raas.sandbox.base import Sandbox, backend_class
 from raas.sandbox.config import SandboxConfig, make_config
@@ -120,12 +121,19 @@ class EvalResult:
 
 
 async def evaluate(
-    sb: Sandbox, record: Mapping[str, Any], model_patch: str, *, timeout_s: float = 300.0, fuzzy: bool = True
+    sb: Sandbox,
+    record: Mapping[str, Any],
+    model_patch: str,
+    *,
+    timeout_s: float = 300.0,
+    fuzzy: bool = True,
+    grader: Executor | None = None,
 ) -> EvalResult:
     """SWE-bench's evaluation in ``sb`` (started from the record's image, the repository at its
     ``workdir`` and ``base_commit``): apply the model patch (``git apply``, then ``patch --fuzz`` unless
     ``fuzzy`` is off; an empty patch is skipped), apply ``test_patch``, run ``test_cmd``, grade with
-    SWE-bench's parser and grading functions."""
+    SWE-bench's parser and grading functions (on ``grader``, the service's pool for it; a one-off caller
+    such as the offline builder may leave it to the loop's default pool)."""
     workdir = str(record.get("workdir", "/testbed"))
     out, method = "", None
     if model_patch.strip():
@@ -138,5 +146,8 @@ async def evaluate(
     run = await run_command(sb, str(record["test_cmd"]), timeout_s=timeout_s, workdir=workdir)
     if run.timed_out:
         return EvalResult(True, out, method, True, run, None)
-    grade = await asyncio.to_thread(grading.grade, record, run.output, run.exit_code)
+    if grader is not None:
+        grade = await grader.run(grading.grade, record, run.output, run.exit_code)
+    else:
+        grade = await asyncio.to_thread(grading.grade, record, run.output, run.exit_code)
     return EvalResult(True, out, method, True, run, grade)

@@ -49,6 +49,7 @@ from raas.pipeline.admission import NotAccepting, Overloaded
 from raas.pipeline.config import ServiceConfig
 from raas.pipeline.events import EventBus, Subscription
 from raas.pipeline.ledger import Ledger
+from raas.pipeline.lookup import stored_result, wait_result
 
 log = logging.getLogger("raas.cluster.router")
 
@@ -460,19 +461,10 @@ class ClusterRouter(NodeFollowing):
         t = self.jobs.get(job_id)
         if t is not None:
             return t.result
-        row = await self.ledger.get(job_id)
-        if row is None:
-            raise RaasError(f"no job {job_id!r}", kind="not_found", stage="api")
-        return JobResult.model_validate(row.result) if row.result else None
+        return await stored_result(self.ledger, job_id)
 
     async def wait(self, job_id: str, timeout: float | None) -> JobResult | None:  # noqa: ASYNC109
-        t = self.jobs.get(job_id)
-        if t is not None and t.result is None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(t.done.wait()), timeout)
-            if t.result is not None:
-                return t.result
-        return await self.result(job_id)
+        return await wait_result(self.jobs.get(job_id), timeout, lambda: self.result(job_id))
 
     async def cancel(self, job_id: str) -> JobInfo:
         """Cancel wherever the job is (its node's cancelled result becomes the job's); idempotent."""

@@ -34,6 +34,7 @@ from raas.pipeline.config import ServiceConfig
 from raas.pipeline.endings import Endings
 from raas.pipeline.events import EventBus, Subscription
 from raas.pipeline.ledger import Ledger
+from raas.pipeline.lookup import stored_result, wait_result
 from raas.pipeline.scheduler import Scheduler
 from raas.pipeline.table import JobTable
 from raas.pipeline.wiring import Layers
@@ -226,20 +227,11 @@ class RolloutService:
         a = self.table.get(job_id)
         if a is not None:
             return a.result
-        row = await self.ledger.get(job_id)
-        if row is None:
-            raise RaasError(f"no job {job_id!r}", kind="not_found", stage="api")
-        return JobResult.model_validate(row.result) if row.result else None
+        return await stored_result(self.ledger, job_id)
 
     async def wait(self, job_id: str, timeout: float | None) -> JobResult | None:  # noqa: ASYNC109
         """Long-poll: the result once the job finishes, or None after ``timeout`` seconds."""
-        a = self.table.get(job_id)
-        if a is not None and a.result is None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(a.done.wait()), timeout)
-            if a.result is not None:
-                return a.result
-        return await self.result(job_id)
+        return await wait_result(self.table.get(job_id), timeout, lambda: self.result(job_id))
 
     async def cancel(self, job_id: str) -> JobInfo:
         """Stop a job wherever it is and release its sandboxes. Idempotent; ``not_found`` if unknown."""

@@ -1,6 +1,6 @@
 """Host side: build the read-only bundle dir a sandbox puts on ``PYTHONPATH`` to run the tool server.
 
-The bundle holds this package copied as ``raas_toolserver`` plus the installed ``ptyprocess``, compiled
+The bundle holds this package copied as ``raas_toolserver``, compiled
 to bytecode once (it is read-only inside, so the server could never cache it). Each build goes into a
 fresh directory owned by the building process, and the caller keeps its digest (every file's SHA-256)
 in memory: :func:`verify_bundle` re-checks it before each use, so a bundle that changed on disk is never
@@ -27,12 +27,7 @@ def _source_files(root: Path) -> list[Path]:
 
 
 def _package_dirs() -> dict[str, Path]:
-    import ptyprocess
-
-    return {
-        BUNDLE_PACKAGE: Path(__file__).resolve().parent,
-        "ptyprocess": Path(ptyprocess.__file__).resolve().parent,
-    }
+    return {BUNDLE_PACKAGE: Path(__file__).resolve().parent}
 
 
 def bundle_hash() -> str:

@@ -41,15 +41,21 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
 
 def _read_stat(pid: int) -> Optional[List[str]]:
     """Fields of /proc/PID/stat after the command name (state is index 0, ppid 1, pgrp 2, sid 3)."""
+    # Plain system calls, no file object: this runs for every process in sight when a session closes.
     try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            data = f.read().decode("ascii", "replace")
+        fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
-    end = data.rfind(")")
+    try:
+        data = os.read(fd, 4096)  # one read: the kernel formats the whole line at once
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    end = data.rfind(b")")
     if end < 0:
         return None
-    return data[end + 2 :].split()
+    return data[end + 2 :].decode("ascii", "replace").split()
 
 
 def process_table() -> Dict[int, List[str]]:

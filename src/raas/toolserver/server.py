@@ -189,9 +189,12 @@ class ToolServer:
         if self._ipython is not None:
             await self._ipython.close()
         procs.kill_descendants_and_wait()
-        import shutil
+        try:
+            os.rmdir(self.tmpdir)  # usually empty: then no shutil (and the bz2/lzma it imports) at shutdown
+        except OSError:
+            import shutil
 
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
         try:
             os.unlink(self.socket_path)
         except OSError:

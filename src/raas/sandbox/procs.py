@@ -41,7 +41,7 @@ def _read_proc(path: str) -> bytes | None:
     except OSError:
         return None
     try:
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             chunk = os.read(fd, 65536)
             if not chunk:

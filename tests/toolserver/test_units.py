@@ -9,6 +9,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,29 @@ def test_pty_spawn_reports_an_exec_failure_and_leaves_nothing_open() -> None:
         ptyctl.spawn(["/nonexistent/bash"], "/", {}, 24, 80)
     assert info.value.errno == errno.ENOENT
     assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_descendant_walk_finds_what_the_full_scan_finds() -> None:
+    """The shutdown sweep's walk down our own tree sees the same live descendants as a scan of all of /proc."""
+    from raas.toolserver import procs as ts_procs
+
+    shells = [subprocess.Popen(["sh", "-c", "sleep 300 & sleep 300 & wait"]) for _ in range(3)]
+    try:
+        deadline = time.monotonic() + 10
+        while len(ts_procs.descendants(os.getpid()) & _tree_of(shells)) < 9 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        full = ts_procs.descendants(os.getpid()) & _tree_of(shells)
+        walked = ts_procs.descendants_walk(os.getpid())
+        assert walked is not None and len(full) == 9
+        assert full <= walked
+    finally:
+        ts_procs.kill_all(ts_procs.descendants(os.getpid()) & _tree_of(shells))
+        for p in shells:
+            p.wait()
+
+
+def _tree_of(shells: list[subprocess.Popen[bytes]]) -> set[int]:
+    from raas.toolserver import procs as ts_procs
+
+    roots = {p.pid for p in shells}
+    return roots | {pid for r in roots for pid in ts_procs.descendants(r)}

@@ -179,8 +179,9 @@ class BashSession:
         except (termios.error, OSError):
             pass
 
-    def close(self) -> None:
-        """Kill the shell with everything it started, and release the pty and descriptors."""
+    def close(self, kill: bool = True) -> None:
+        """Kill the shell with everything it started (unless ``kill`` is false: the server's shutdown
+        sweep does it), and release the pty and descriptors."""
         try:
             loop: Optional[aio.Loop] = aio.get_running_loop()
         except RuntimeError:
@@ -191,7 +192,8 @@ class BashSession:
         if self.pid > 0:
             # Once reaped, the pid may belong to someone else; its session id cannot be reused
             # while the session's members live, so those are still safe to kill.
-            kill_tree(self.pid, include_root=self.returncode is None)
+            if kill:
+                kill_tree(self.pid, include_root=self.returncode is None)
             self.pid = -1
         if self.fd >= 0:
             try:

@@ -4,7 +4,11 @@
    sandbox) through the real service with ``local``, ``bwrap`` and ``apptainer`` sandboxes (and with no
    sandbox, to show the service's own cost), each without and with warm pools (``overhead.<backend>`` and
    ``overhead.<backend>.pool``): rollouts/s with everything submitted at once, the service process's own
-   CPU time per rollout (not the sandboxes'), the load average when the run started, and the
+   CPU time per rollout, the sandboxes' (``sandbox_cpu_ms_per_rollout``: the service's reaped child
+   processes) and the whole machine's (``machine_cpu_ms_per_rollout``, from /proc/stat: everything,
+   the scripted policy and anything else running included) and, where the benchmark can put itself in a
+   cgroup-v1 ``cpuacct`` group (root), its whole process tree's (``tree_cpu_ms_per_rollout``: service,
+   sandboxes and scripted policy, not other users of the machine), the load average when the run started, and the
    latency the service adds to one rollout (its total time minus the time spent inside the three stages),
    rollouts run one by one, and ``burst_32``: a trainer's next batch of 32 after a pause (with pools: once
    the pool refilled), the time until all are done. The scripted policy runs in a process of its own
@@ -160,6 +164,66 @@ def cpu_s() -> float:
     return t.user + t.system
 
 
+def children_cpu_s() -> float:
+    """CPU seconds of the service's reaped child processes: the sandboxes (runtime, tool server, and the
+    shells the tool server reaped), counted once each has exited."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+class TreeCpu:
+    """CPU time of this process and everything it starts (sandboxes, the scripted policy), unaffected by
+    whatever else runs on the machine: a cgroup-v1 ``cpuacct`` group of its own, where this process may
+    create one (root on a cgroup-v1 host); otherwise unavailable (``seconds()`` is None)."""
+
+    ROOT = Path("/sys/fs/cgroup/cpuacct")
+
+    def __init__(self) -> None:
+        self.group: Path | None = None
+        self.parent: Path | None = None
+
+    def __enter__(self) -> TreeCpu:
+        try:
+            rel = next(
+                line.split(":", 2)[2]
+                for line in Path("/proc/self/cgroup").read_text().splitlines()
+                if "cpuacct" in line.split(":")[1].split(",")
+            )
+            parent = self.ROOT / rel.lstrip("/")
+            group = parent / f"raas-bench-{os.getpid()}"
+            group.mkdir()
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+            self.group, self.parent = group, parent
+        except (OSError, StopIteration, IndexError):
+            self.group = None
+        return self
+
+    def seconds(self) -> float | None:
+        if self.group is None:
+            return None
+        return int((self.group / "cpuacct.usage").read_text()) / 1e9
+
+    def __exit__(self, *exc: object) -> None:
+        if self.group is not None and self.parent is not None:
+            (self.parent / "cgroup.procs").write_text(str(os.getpid()))
+            for _ in range(50):  # our children are gone; the group empties once they are reaped
+                try:
+                    self.group.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+TREE_CPU = TreeCpu()
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy (all processes, kernel included; from /proc/stat)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 async def overhead_one(
     root: Path, balancer: LLMBalancer, name: str, sandbox: dict[str, Any] | None, count: int, pool: bool
 ) -> dict[str, Any]:
@@ -179,11 +243,14 @@ async def overhead_one(
         if pool:  # a service that has been up a while: its pool holds min_size
             await pool_filled(service, WARM_POOL["min_size"])
         load = round(os.getloadavg()[0], 2)
-        c0 = cpu_s()
+        c0, k0, m0, tree0 = cpu_s(), children_cpu_s(), machine_busy_s(), TREE_CPU.seconds()
         t0 = time.perf_counter()
         results = await run_all(service, [instance] * count)
         wall = time.perf_counter() - t0
         cpu = cpu_s() - c0
+        await asyncio.sleep(0.2)  # the last sandboxes' processes are reaped
+        kids, busy, tree1 = children_cpu_s() - k0, machine_busy_s() - m0, TREE_CPU.seconds()
+        tree = None if tree0 is None or tree1 is None else round((tree1 - tree0) / count * 1000, 2)
         ok = sum(1 for r in results if r is not None and r.status == "completed")
         pools = service.status()["warm_pools"]["pools"]
         added, totals, inits = [], [], []
@@ -207,6 +274,9 @@ async def overhead_one(
             "wall_s": round(wall, 3),
             "rollouts_per_s": round(ok / wall, 1),
             "service_cpu_ms_per_rollout": round(cpu / count * 1000, 2),
+            "sandbox_cpu_ms_per_rollout": round(kids / count * 1000, 2),
+            "machine_cpu_ms_per_rollout": round(busy / count * 1000, 2),
+            "tree_cpu_ms_per_rollout": tree,
             "load_avg_1m": load,
             "added_latency_ms_p50": round(statistics.median(added) * 1e3, 3),
             "added_latency_ms_p99": round(pct(added, 0.99) * 1e3, 3),
@@ -529,7 +599,8 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "pipeline.json")
     args = parser.parse_args()
-    result = asyncio.run(main_async(args))
+    with TREE_CPU:
+        result = asyncio.run(main_async(args))
     if args.merge and args.out and args.out.exists():
         old = json.loads(args.out.read_text())
         overhead_new = result.pop("overhead", {})

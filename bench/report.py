@@ -189,6 +189,7 @@ def pipeline() -> str:
             o.get("rollouts"),
             o.get("rollouts_per_s"),
             o.get("service_cpu_ms_per_rollout", ""),
+            o.get("tree_cpu_ms_per_rollout") or "",
             o.get("added_latency_ms_p50"),
             o.get("added_latency_ms_p99"),
             o.get("init_ms_p50"),
@@ -205,13 +206,16 @@ def pipeline() -> str:
         "### Pipeline (`python bench/pipeline.py`)\n",
         "Service overhead: a trivial task, an instant test-double LLM; `none` opens no sandbox; '+ warm pool': "
         "with `warm_pool` on (min 8, max 32); '32 after a pause': a batch of 32 submitted at once after the run "
-        "(with pools: once the pool refilled), until all are done.\n",
+        "(with pools: once the pool refilled), until all are done. 'All processes': the service, its "
+        "sandboxes and the test-double LLM together (the benchmark's own cgroup; other work on the machine "
+        "not included), the load-independent cost of a rollout.\n",
         _table(
             [
                 "sandbox",
                 "rollouts",
                 "rollouts/s",
                 "service CPU ms per rollout",
+                "all processes' CPU ms per rollout",
                 "added latency p50 ms",
                 "p99 ms",
                 "INIT (sandbox start) p50 ms",

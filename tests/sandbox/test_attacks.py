@@ -121,10 +121,24 @@ async def test_uid_0_inside_is_never_uid_0_outside(
     async with sandbox_manager.sandbox(sandbox_config, owner="attacker") as sb:
         out = await sh(sb, "id -u; echo 4096 > /proc/sys/kernel/pty/max && echo WROTE; echo $?")
         assert out.splitlines()[0] == "0" and "WROTE" not in out
-        host_uids = {os.stat(f"/proc/{pid}").st_uid for pid in sbprocs.pids_with_env(sb.id)}
+        pids = sbprocs.pids_with_env(sb.id)
+        host_uids = {os.stat(f"/proc/{pid}").st_uid for pid in pids}
+        # Real, effective, saved and file-system ids, and supplementary groups, of every host process.
+        creds = {pid: host_credentials(pid) for pid in pids}
     assert 0 not in host_uids
-    if ROOT:  # a uid of its own, which no other sandbox shares
-        assert sb.identity.dedicated and host_uids == {sb.identity.uid}
+    if ROOT:  # a uid of its own, which no other sandbox shares, and none of root's groups
+        ident = sb.identity
+        assert ident.dedicated and host_uids == {ident.uid}
+        assert set(creds.values()) == {((ident.uid,) * 4, (ident.gid,) * 4, ())}, creds
+
+
+def host_credentials(pid: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return (
+        tuple(int(x) for x in fields["Uid"].split()),
+        tuple(int(x) for x in fields["Gid"].split()),
+        tuple(int(x) for x in fields["Groups"].split()),
+    )
 
 
 # -- 3. process limits that hold for root ------------------------------------------------------------
@@ -423,14 +437,14 @@ async def test_no_host_paths_or_environment_inside(
 
 # -- 9. modules planted for the tool server's own lazy imports -------------------------------------------
 
-PLANTED = ("re", "termios", "pty", "tty", "fnmatch", "ptyprocess")
+PLANTED = ("re", "termios", "enum", "signal", "collections", "functools")
 
 
 @pytest.mark.parametrize("backend", ["local", "bwrap", "apptainer"])
 async def test_modules_planted_in_the_workdir_never_run_in_the_tool_server(
     sandbox_manager: SandboxManager, sandbox_config: SandboxConfig
 ) -> None:
-    """The server imports the bash tool (``re``, ``termios``, ``ptyprocess``, ...) with the first bash
+    """The server imports the bash tool (``re``, ``termios``, ``signal``, ...) with the first bash
     call, after the sandbox could write to its working directory: modules planted there must not load."""
     async with sandbox_manager.sandbox(sandbox_config, owner="attacker") as sb:
         workdir = str(sb.workspace) if sandbox_config.backend == "local" else sandbox_config.workdir

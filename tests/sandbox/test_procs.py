@@ -48,6 +48,30 @@ def test_identity_checks() -> None:
     assert procs.start_time(p.pid) is None
 
 
+def test_environment_lookup_matches_only_the_exact_variable() -> None:
+    """Look-alikes must not count: a longer key ending in the name, the id in another variable's value,
+    a value that merely starts with the id; the first definition wins, at any place in the block."""
+    key = procs.ENV_KEY.encode() + b"="
+    look = procs._environ_lookup
+    assert look(key + b"sb-1\0A=b\0", key) == b"sb-1"
+    assert look(b"A=b\0" + key + b"sb-1", key) == b"sb-1"  # last entry, no trailing NUL
+    assert look(b"A=b\0" + key + b"sb-1\0" + key + b"sb-2\0", key) == b"sb-1"
+    assert look(b"X" + key + b"sb-1\0", key) is None
+    assert look(b"A=" + key + b"sb-1\0", key) is None
+    assert look(b"", key) is None
+    # A process whose environment only mentions the id elsewhere is not the sandbox's.
+    decoy = subprocess.Popen(
+        ["sleep", "300"], env={"DECOY": "sb-555555555555", "X" + procs.ENV_KEY: "sb-555555555555"}
+    )
+    try:
+        assert decoy.pid not in procs.pids_with_env("sb-555555555555")
+        assert procs.environ_value(decoy.pid) is None
+        assert procs.environ_value(decoy.pid, "DECOY") == "sb-555555555555"
+    finally:
+        decoy.kill()
+        decoy.wait()
+
+
 def test_kill_by_env_gets_forks_and_spares_others() -> None:
     # A process tree that keeps forking, in its own sessions: only the tag finds all of it.
     target = spawn_tagged(

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import errno
 import os
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import raas.toolserver as toolserver_pkg
+from raas.toolserver import ptyctl
 from raas.toolserver.bashproto import Report, ReportScanner, parse_report
 from raas.toolserver.bundle import BUNDLE_PACKAGE, build_bundle, verify_bundle
 from raas.toolserver.output import OutputBuffer, cap_text, clean_text
@@ -165,7 +168,7 @@ def test_in_sandbox_code_parses_as_python38(module: Path) -> None:
 def test_bundle_is_fresh_compiled_and_verifiable(tmp_path: Path) -> None:
     first, digest = build_bundle(tmp_path)
     assert (first / BUNDLE_PACKAGE / "__main__.py").is_file()
-    assert (first / "ptyprocess" / "__init__.py").is_file()
+    assert sorted(p.name for p in first.iterdir()) == [BUNDLE_PACKAGE]  # the standard library suffices
     assert any((first / BUNDLE_PACKAGE / "__pycache__").glob("*.pyc"))
     assert sorted(p.name for p in (first / BUNDLE_PACKAGE).glob("*.py")) == sorted(
         p.name for p in PACKAGE_DIR.glob("*.py")
@@ -213,3 +216,68 @@ def test_in_sandbox_code_needs_at_most_python38() -> None:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _read_pty(master: int) -> bytes:
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the child side closed
+            return out
+        if not chunk:
+            return out
+        out += chunk
+
+
+def test_pty_spawn_gives_a_session_leader_its_terminal_and_nothing_else(tmp_path: Path) -> None:
+    script = 'stty size; tty; echo "$FOO"; pwd; ps -o sid= -p $$; echo $$; exec ls -1 /proc/self/fd'
+    pid, master = ptyctl.spawn(
+        ["/bin/sh", "-c", script], str(tmp_path), {"FOO": "bar", "PATH": "/usr/bin:/bin"}, 30, 90
+    )
+    try:
+        lines = _read_pty(master).decode().split("\n")
+    finally:
+        os.close(master)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, lines
+    assert lines[0] == "30 90"
+    assert lines[1].startswith("/dev/pts/")
+    assert lines[2:4] == ["bar", str(tmp_path)]
+    assert lines[4].strip() == lines[5] == str(pid)  # its own session
+    assert lines[6:10] == ["0", "1", "2", "3"]  # stdio on the terminal, ls's own directory: no leaked fd
+    assert "\r" not in "".join(lines)  # the tool's modes: no CR added to NL
+
+
+def test_pty_spawn_reports_an_exec_failure_and_leaves_nothing_open() -> None:
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError) as info:
+        ptyctl.spawn(["/nonexistent/bash"], "/", {}, 24, 80)
+    assert info.value.errno == errno.ENOENT
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_descendant_walk_finds_what_the_full_scan_finds() -> None:
+    """The shutdown sweep's walk down our own tree sees the same live descendants as a scan of all of /proc."""
+    from raas.toolserver import procs as ts_procs
+
+    shells = [subprocess.Popen(["sh", "-c", "sleep 300 & sleep 300 & wait"]) for _ in range(3)]
+    try:
+        deadline = time.monotonic() + 10
+        while len(ts_procs.descendants(os.getpid()) & _tree_of(shells)) < 9 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        full = ts_procs.descendants(os.getpid()) & _tree_of(shells)
+        walked = ts_procs.descendants_walk(os.getpid())
+        assert walked is not None and len(full) == 9
+        assert full <= walked
+    finally:
+        ts_procs.kill_all(ts_procs.descendants(os.getpid()) & _tree_of(shells))
+        for p in shells:
+            p.wait()
+
+
+def _tree_of(shells: list[subprocess.Popen[bytes]]) -> set[int]:
+    from raas.toolserver import procs as ts_procs
+
+    roots = {p.pid for p in shells}
+    return roots | {pid for r in roots for pid in ts_procs.descendants(r)}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import os
 import re
@@ -334,7 +335,24 @@ class Sandbox(ABC):
             argv, pass_fds = [argv[0], "--args", str(args_fd), *argv[end:]], (args_fd,)
         user: dict[str, Any] = {}
         if self.identity.dedicated:
-            user = {"user": self.identity.uid, "group": self.identity.gid, "extra_groups": []}
+            setpriv = setpriv_path()
+            if setpriv is not None:
+                # The same credentials as user=/group=/extra_groups= (real, effective and saved ids, no
+                # supplementary groups, no capabilities left), but set by a small program after the exec:
+                # Python then starts the child with vfork instead of fork, and the host process does not
+                # copy its page tables and take copy-on-write faults on every start (~50 ms of CPU for a
+                # service of 150 MB).
+                ident = self.identity
+                argv = [
+                    setpriv,
+                    f"--reuid={ident.uid}",
+                    f"--regid={ident.gid}",
+                    "--clear-groups",
+                    "--",
+                    *argv,
+                ]
+            else:
+                user = {"user": self.identity.uid, "group": self.identity.gid, "extra_groups": []}
         try:
             log = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
@@ -513,6 +531,12 @@ class Sandbox(ABC):
         if self._on_close is not None:
             cb, self._on_close = self._on_close, None
             cb(self)
+
+
+@functools.cache
+def setpriv_path() -> str | None:
+    """util-linux ``setpriv``, where installed (looked up once per process)."""
+    return shutil.which("setpriv")
 
 
 def remove_tree(path: Path) -> None:

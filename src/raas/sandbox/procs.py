@@ -33,17 +33,46 @@ def start_time(pid: int) -> int | None:
         return None
 
 
-def environ_value(pid: int, key: str = ENV_KEY) -> str | None:
-    """The value of ``key`` in the environment ``pid`` was started with, None if absent/unreadable."""
+def _read_proc(path: str) -> bytes | None:
+    """The whole of a /proc file, read with plain system calls (no buffered file object: these are read
+    for every process on the machine when a sandbox closes)."""
     try:
-        data = Path(f"/proc/{pid}/environ").read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
-    prefix = key.encode() + b"="
-    for item in data.split(b"\0"):
-        if item.startswith(prefix):
-            return item[len(prefix) :].decode(errors="replace")
-    return None
+    try:
+        chunks: list[bytes] = []
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _environ_lookup(data: bytes, prefix: bytes) -> bytes | None:
+    """The value of the first ``prefix`` (``KEY=``) entry of a NUL-separated environment block."""
+    if data.startswith(prefix):
+        start = len(prefix)
+    else:
+        at = data.find(b"\0" + prefix)
+        if at < 0:
+            return None
+        start = at + 1 + len(prefix)
+    end = data.find(b"\0", start)
+    return data[start:] if end < 0 else data[start:end]
+
+
+def environ_value(pid: int, key: str = ENV_KEY) -> str | None:
+    """The value of ``key`` in the environment ``pid`` was started with, None if absent/unreadable."""
+    data = _read_proc(f"/proc/{pid}/environ")
+    if data is None:
+        return None
+    value = _environ_lookup(data, key.encode() + b"=")
+    return None if value is None else value.decode(errors="replace")
 
 
 def all_pids() -> Iterator[int]:
@@ -57,6 +86,8 @@ def pids_with_env(value: str, key: str = ENV_KEY) -> list[int]:
     """Pids (other than ours) whose environment has ``key=value``; only our uid's unless we are root."""
     me = os.getpid()
     uid = os.geteuid()
+    prefix = key.encode() + b"="
+    wanted = value.encode()
     found = []
     for pid in all_pids():
         if pid == me:
@@ -67,7 +98,9 @@ def pids_with_env(value: str, key: str = ENV_KEY) -> list[int]:
                     continue
             except OSError:
                 continue
-        if environ_value(pid, key) == value:
+        data = _read_proc(f"/proc/{pid}/environ")
+        # Cheap test first: almost no process on the machine has the value anywhere in its environment.
+        if data is not None and wanted in data and _environ_lookup(data, prefix) == wanted:
             found.append(pid)
     return found
 

@@ -73,7 +73,6 @@ class BashSession:
         self._runner = runner
         self._dims = (rows, cols)
         self.lock = aio.Lock()
-        self.proc: Any = None
         self.pid = -1
         self.fd = -1
         self.alive = False
@@ -104,8 +103,6 @@ class BashSession:
 
     async def start(self) -> None:
         """Spawn bash and wait for its first report."""
-        import ptyprocess  # stdlib-only environments still import the rest of the server
-
         bash = find_bash()
         if bash is None:
             raise ProtocolError(TOOL_UNAVAILABLE, "bash is unavailable: the sandbox has no bash")
@@ -130,13 +127,11 @@ class BashSession:
             )
             ptyctl.write_file(defs_fd, bashproto.definitions(self._paths).encode("ascii"))
             ptyctl.write_file(rc_fd, bashproto.rcfile(self._paths, self._nonce).encode("ascii"))
-            self.proc = ptyprocess.PtyProcess.spawn(
+            self.pid, self.fd = ptyctl.spawn(
                 [bash, "--noprofile", "--rcfile", bashproto.proc_fd_path(me, rc_fd), "--noediting", "-i"],
-                cwd=self.workdir,
-                env=self._env,
-                echo=False,
-                preexec_fn=ptyctl.child_setup,
-                dimensions=self._dims,
+                self.workdir,
+                self._env,
+                *self._dims,
             )
         except (OSError, ValueError) as exc:
             if rc_fd >= 0:
@@ -144,8 +139,6 @@ class BashSession:
             self._done = None
             self.close()
             raise ProtocolError(TOOL_ERROR, "cannot start bash: %s" % exc) from None
-        self.pid = self.proc.pid
-        self.fd = self.proc.fd
         self.alive = True
         self.returncode = None
         self._exited = loop.create_future()
@@ -186,8 +179,9 @@ class BashSession:
         except (termios.error, OSError):
             pass
 
-    def close(self) -> None:
-        """Kill the shell with everything it started, and release the pty and descriptors."""
+    def close(self, kill: bool = True) -> None:
+        """Kill the shell with everything it started (unless ``kill`` is false: the server's shutdown
+        sweep does it), and release the pty and descriptors."""
         try:
             loop: Optional[aio.Loop] = aio.get_running_loop()
         except RuntimeError:
@@ -198,16 +192,14 @@ class BashSession:
         if self.pid > 0:
             # Once reaped, the pid may belong to someone else; its session id cannot be reused
             # while the session's members live, so those are still safe to kill.
-            kill_tree(self.pid, include_root=self.returncode is None)
+            if kill:
+                kill_tree(self.pid, include_root=self.returncode is None)
             self.pid = -1
-        if self.proc is not None:
+        if self.fd >= 0:
             try:
-                self.proc.fileobj.close()
+                os.close(self.fd)
             except OSError:
                 pass
-            # ptyprocess would otherwise try to terminate and wait on a child we reap ourselves.
-            self.proc.closed = True
-            self.proc = None
         self.fd = -1
         self.alive = False
         self._fail(SessionDead(self.returncode))

@@ -123,12 +123,12 @@ class BashTool:
             result["restarted"] = True
         return result
 
-    def close(self, name: str) -> bool:
+    def close(self, name: str, kill: bool = True) -> bool:
         sess = self.sessions.pop(name, None)
         if sess is None:
             return False
         sess.retired = True
-        sess.close()
+        sess.close(kill)
         return True
 
     def list(self) -> List[Dict[str, Any]]:
@@ -143,9 +143,10 @@ class BashTool:
             for s in self.sessions.values()
         ]
 
-    def close_all(self) -> None:
+    def close_all(self, kill: bool = True) -> None:
+        """``kill=False``: release the sessions but leave their processes to the caller's sweep."""
         for name in list(self.sessions):
-            self.close(name)
+            self.close(name, kill)
         if self._runner_fd >= 0:
             os.close(self._runner_fd)
             self._runner_fd = -1

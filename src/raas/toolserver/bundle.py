@@ -1,6 +1,6 @@
 """Host side: build the read-only bundle dir a sandbox puts on ``PYTHONPATH`` to run the tool server.
 
-The bundle holds this package copied as ``raas_toolserver`` plus the installed ``ptyprocess``, compiled
+The bundle holds this package copied as ``raas_toolserver``, compiled
 to bytecode once (it is read-only inside, so the server could never cache it). Each build goes into a
 fresh directory owned by the building process, and the caller keeps its digest (every file's SHA-256)
 in memory: :func:`verify_bundle` re-checks it before each use, so a bundle that changed on disk is never
@@ -27,12 +27,7 @@ def _source_files(root: Path) -> list[Path]:
 
 
 def _package_dirs() -> dict[str, Path]:
-    import ptyprocess
-
-    return {
-        BUNDLE_PACKAGE: Path(__file__).resolve().parent,
-        "ptyprocess": Path(ptyprocess.__file__).resolve().parent,
-    }
+    return {BUNDLE_PACKAGE: Path(__file__).resolve().parent}
 
 
 def bundle_hash() -> str:
@@ -47,21 +42,39 @@ def bundle_hash() -> str:
 
 
 def bundle_digest(bundle: Path) -> dict[str, str]:
-    """Every entry below ``bundle``: files by SHA-256, directories as ``dir``; anything else is suspect."""
+    """Every entry below ``bundle``: files by SHA-256, directories as ``dir``; anything else is suspect.
+
+    Run before every sandbox start, so it keeps to few system calls: ``scandir`` and one ``lstat`` per
+    entry, then ``open``/``read``/``close`` per file (a file object would add several more each)."""
     out: dict[str, str] = {}
-    for dirpath, dirnames, filenames in os.walk(bundle):
-        for name in dirnames + filenames:
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(path, bundle)
-            st = os.lstat(path)
-            if stat.S_ISDIR(st.st_mode):
-                out[rel] = "dir"
-            elif stat.S_ISREG(st.st_mode):
-                with open(path, "rb") as f:
-                    out[rel] = hashlib.sha256(f.read()).hexdigest()
-            else:
-                out[rel] = f"unexpected:{stat.S_IFMT(st.st_mode):o}"
+    stack = [(str(bundle), "")]
+    while stack:
+        path, rel = stack.pop()
+        with os.scandir(path) as entries:
+            for entry in entries:
+                name = f"{rel}{entry.name}"
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    out[name] = "dir"
+                    stack.append((entry.path, name + "/"))
+                elif stat.S_ISREG(st.st_mode):
+                    out[name] = _file_sha256(entry.path, st.st_size)
+                else:
+                    out[name] = f"unexpected:{stat.S_IFMT(st.st_mode):o}"
     return out
+
+
+def _file_sha256(path: str, size: int) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        h = hashlib.sha256()
+        while True:  # one read when the file still has the size lstat saw, plus the one that sees EOF
+            chunk = os.read(fd, size + 1 if size < 1 << 24 else 1 << 24)
+            if not chunk:
+                return h.hexdigest()
+            h.update(chunk)
+    finally:
+        os.close(fd)
 
 
 def verify_bundle(bundle: Path, digest: dict[str, str]) -> bool:

@@ -14,7 +14,38 @@ Runs inside sandboxes on the image's python3 (>= 3.8): standard library only, 3.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from collections import namedtuple
+
+TYPE_CHECKING = False  # typing is not imported at run time: it costs a sandbox's first call ~15 ms of CPU
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+else:
+
+    class _RecordType(type):
+        """What ``class X(NamedTuple)`` does for the records below, without importing ``typing``: the
+        annotated names become the fields of a ``collections.namedtuple``, their values its defaults."""
+
+        def __new__(mcs, name, bases, ns):
+            if not bases:
+                return super().__new__(mcs, name, bases, ns)
+            annotations = ns.get("__annotations__")
+            if annotations is None and "__annotate__" in ns:  # Python >= 3.14 (PEP 649)
+                annotations = ns["__annotate__"](1)
+            fields = list(annotations or ())
+            defaults = [ns[f] for f in fields if f in ns]
+            if any(f in ns for f in fields[: len(fields) - len(defaults)]):
+                raise TypeError("%s: fields with defaults must come last" % name)
+            body = {
+                k: v
+                for k, v in ns.items()
+                if k not in fields and k not in ("__annotations__", "__annotate__")
+            }
+            body["__slots__"] = ()
+            return type(name, (namedtuple(name, fields, defaults=defaults),), body)
+
+    class NamedTuple(metaclass=_RecordType):
+        pass
+
 
 STR, NUM, INT, BOOL, LIST, OBJECT = "str", "num", "int", "bool", "list", "object"
 """Type tags. ``num`` and ``int`` values are finite, never booleans, and within the argument's bounds."""

@@ -19,7 +19,7 @@ import termios
 
 TYPE_CHECKING = False  # typing is not imported at run time: it costs a sandbox's first call
 if TYPE_CHECKING:
-    from typing import Any, Iterable, List, Optional, Set
+    from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 
 TIOCGPTPEER = 0x5441
@@ -55,6 +55,68 @@ def child_setup() -> None:
         termios.tcsetattr(0, termios.TCSANOW, neutral_modes(termios.tcgetattr(0)))
     except termios.error:
         pass
+
+
+def spawn(argv: List[str], cwd: str, env: Dict[str, str], rows: int, cols: int) -> Tuple[int, int]:
+    """Start ``argv`` (an absolute path) as a session leader on a new pseudo-terminal; ``(pid, master fd)``.
+
+    The terminal is the child's stdin/stdout/stderr and controlling tty, sized ``rows`` x ``cols``, in
+    the tool's modes (:func:`child_setup`); no other descriptor is inherited. An exec failure comes back
+    through a close-on-exec pipe as ``OSError``. (What ``ptyprocess`` does, without importing it and the
+    ``shutil``/``bz2``/``lzma`` it pulls in: that cost every sandbox's first bash call ~8 ms of CPU.)
+    """
+    err_r, err_w = os.pipe()  # both close-on-exec
+    try:
+        pid, master = os.forkpty()
+    except BaseException:
+        os.close(err_r)
+        os.close(err_w)
+        raise
+    if pid == 0:  # the child: never returns into the server's code
+        try:
+            os.close(err_r)
+            try:
+                fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+            except OSError:
+                pass
+            os.closerange(3, err_w)
+            os.closerange(err_w + 1, _max_fd())
+            os.chdir(cwd)
+            child_setup()
+            os.execve(argv[0], argv, env)
+        except BaseException as exc:
+            try:
+                os.write(
+                    err_w, ("%d:%s" % (getattr(exc, "errno", None) or 0, exc)).encode("utf-8", "replace")
+                )
+            finally:
+                os._exit(127)
+    os.close(err_w)
+    try:
+        data = b""
+        while True:  # EOF once exec succeeded (close-on-exec) or the child wrote why it failed
+            chunk = os.read(err_r, 4096)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(err_r)
+    if data:
+        os.close(master)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+        code, _, message = data.decode("utf-8", "replace").partition(":")
+        raise OSError(int(code) if code.isdigit() else 0, message)
+    return pid, master
+
+
+def _max_fd() -> int:
+    try:
+        return min(1 << 20, os.sysconf("SC_OPEN_MAX"))
+    except (OSError, ValueError):
+        return 1 << 16
 
 
 def memory_file(name: str, tmpdir: str) -> int:

@@ -88,6 +88,7 @@ class ToolServer:
         self.output_cap = output_cap
         self.max_frame = max_frame
         self.watch_stdin = watch_stdin
+        self._reaps_orphans = False
         self.max_sessions = max_sessions
         self.tmpdir = _private_tmpdir("raas-ts-")
         self.reaper = procs.Reaper()
@@ -109,7 +110,8 @@ class ToolServer:
         loop = aio.get_running_loop()
         self._stop = aio.Event()
         parent = os.getppid()
-        procs.become_subreaper()
+        # Every process we start stays our descendant until we reap it (orphans come back to us).
+        self._reaps_orphans = procs.become_subreaper() or os.getpid() == 1
         procs.die_with_parent(signal.SIGTERM)
         loop.add_signal_handler(signal.SIGCHLD, self.reaper.reap)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -185,13 +187,18 @@ class ToolServer:
                     pass
             await self._forward_thread.close()
         if self._bash is not None:
-            self._bash.close_all()
+            # When every process the shells started is still our descendant, the sweep below kills them
+            # all in one walk of our own process tree; each session's own kill would read all of /proc.
+            self._bash.close_all(kill=not self._reaps_orphans)
         if self._ipython is not None:
             await self._ipython.close()
         procs.kill_descendants_and_wait()
-        import shutil
+        try:
+            os.rmdir(self.tmpdir)  # usually empty: then no shutil (and the bz2/lzma it imports) at shutdown
+        except OSError:
+            import shutil
 
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
         try:
             os.unlink(self.socket_path)
         except OSError:

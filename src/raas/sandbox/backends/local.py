@@ -9,11 +9,10 @@ the resource limits (RLIMITs) of the config apply: no disk, pty or capability co
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
-from raas.sandbox.base import LaunchSpec, Sandbox
+from raas.sandbox.base import LaunchSpec, Sandbox, setpriv_path
 from raas.sandbox.config import LocalSandboxConfig
 
 # Host variables worth keeping (locale, temp dir); everything else is dropped for reproducibility.
@@ -47,7 +46,7 @@ class LocalSandbox(Sandbox):
         argv = self.boot_command(
             sys.executable, self.rlimit_args(), str(self.socket_path), str(self.workspace)
         )
-        setpriv = shutil.which("setpriv")
+        setpriv = setpriv_path()
         if setpriv:
             # If the host process dies without running any cleanup, the server dies with it.
             argv = [setpriv, "--pdeathsig", "KILL", "--", *argv]

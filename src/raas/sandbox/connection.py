@@ -58,7 +58,10 @@ CHUNK_BYTES = 1 << 20
 
 T = TypeVar("T")
 
-__all__ = ["CHUNK_BYTES", "LARGE_BYTES", "Attachment", "Reply", "ToolConnection"]
+CLOSE_GRACE_S = 2.0
+"""How long :meth:`ToolConnection.close` lets a connection flush before it aborts it."""
+
+__all__ = ["CHUNK_BYTES", "CLOSE_GRACE_S", "LARGE_BYTES", "Attachment", "Reply", "ToolConnection"]
 
 
 class ToolConnection:
@@ -217,6 +220,7 @@ class ToolConnection:
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(RaasError(error.message, kind=error.kind))
+                fut.exception()  # retrieved: a call still sending has nobody awaiting its reply yet
 
     async def close(self) -> None:
         """Close the connection; waiting calls fail with ``sandbox_dead``. Idempotent."""
@@ -234,8 +238,15 @@ class ToolConnection:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if writer is not None:
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            # A graceful close first flushes what is buffered; a server that stopped reading (frozen, or
+            # busy with something else) would make that wait forever, and the sandbox's close would never
+            # reach the kill. Past a short grace the connection is aborted, its buffer dropped.
+            try:
+                await asyncio.wait_for(asyncio.shield(writer.wait_closed()), CLOSE_GRACE_S)
+            except Exception:
+                writer.transport.abort()
+                with contextlib.suppress(Exception):
+                    await writer.wait_closed()
         for write in list(self._writes):
             with contextlib.suppress(BaseException):
                 await write

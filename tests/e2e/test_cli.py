@@ -222,6 +222,11 @@ async def test_run_against_a_running_server_scores_with_math_verify(tmp_path: Pa
     assert all(r["turns"][0]["output_ids"] == answer.token_ids for r in rows)
 
 
+def serve_command(*args: str) -> list[str]:
+    """``raas serve`` with local sandboxes and the test tokenizer, plus ``args``."""
+    return [*RAAS, "serve", "--sandbox", "local", "--tokenizer", str(prepare_tokenizer()), *args]
+
+
 def test_serve_starts_and_stops_on_sigterm(tmp_path: Path) -> None:
     import httpx
 
@@ -233,20 +238,7 @@ def test_serve_starts_and_stops_on_sigterm(tmp_path: Path) -> None:
     env["RAAS_HOME"] = str(tmp_path / "home")
     env["RAAS_IMAGE_CACHE"] = os.environ.get("RAAS_IMAGE_CACHE", str(Path.home() / ".cache/raas/images"))
     proc = subprocess.Popen(
-        [
-            *RAAS,
-            "serve",
-            "--port",
-            str(port),
-            "--sandbox",
-            "local",
-            "--tokenizer",
-            str(prepare_tokenizer()),
-            "--init-workers",
-            "auto",
-            "--run-workers",
-            "3",
-        ],
+        serve_command("--port", str(port), "--init-workers", "auto", "--run-workers", "3"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -361,16 +353,7 @@ async def test_serve_sigterm_ends_open_event_streams_and_exits_0(tmp_path: Path)
     cfg = tmp_path / "svc.json"
     cfg.write_text(json.dumps({"shutdown_grace_s": 0}))
     proc = await asyncio.create_subprocess_exec(
-        *RAAS,
-        "serve",
-        "--config",
-        str(cfg),
-        "--port",
-        str(port),
-        "--sandbox",
-        "local",
-        "--tokenizer",
-        str(prepare_tokenizer()),
+        *serve_command("--config", str(cfg), "--port", str(port)),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=env,
@@ -415,16 +398,7 @@ def test_serve_on_a_busy_port_fails_with_a_message(tmp_path: Path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         proc = subprocess.run(
-            [
-                *RAAS,
-                "serve",
-                "--port",
-                str(port),
-                "--sandbox",
-                "local",
-                "--tokenizer",
-                str(prepare_tokenizer()),
-            ],
+            serve_command("--port", str(port)),
             capture_output=True,
             text=True,
             env=env,
@@ -442,7 +416,7 @@ def _serve_refusal(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[st
     env["RAAS_HOME"] = str(tmp_path / "home")
     env.pop("RAAS_API_TOKEN", None)
     proc = subprocess.run(
-        [*RAAS, "serve", "--sandbox", "local", "--tokenizer", str(prepare_tokenizer()), *args],
+        serve_command(*args),
         capture_output=True,
         text=True,
         env=env,

@@ -124,3 +124,47 @@ def test_entry_point_plugins(plugin_dist: Path) -> None:
     registry.rescan()
     assert isinstance(registry.get("demo"), Echo)
     assert "demo" not in HandlerRegistry(entry_points=False).names()
+
+
+class Warming(Echo):
+    name = "warming-test"
+    calls = 0
+
+    @classmethod
+    def warm_up(cls) -> None:
+        cls.calls += 1
+
+
+class BrokenWarmUp(Echo):
+    name = "broken-warm-up-test"
+
+    @classmethod
+    def warm_up(cls) -> None:
+        raise RuntimeError("no")
+
+
+def test_warm_up_runs_when_asked_never_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building a registry (which happens at import time in some programs, e.g. under pytest collection)
+    starts no background import: one racing the importer's own AST parsing fails on CPython 3.11.7."""
+    from raas.tasks.swe.handler import SweHandler
+
+    swe_calls: list[str] = []
+    monkeypatch.setattr(SweHandler, "warm_up", classmethod(lambda cls: swe_calls.append(cls.name)))
+    registry = HandlerRegistry(entry_points=False)
+    assert swe_calls == []
+    registry.register(BrokenWarmUp)
+    registry.warm_up()  # the broken hook is logged, not raised
+    assert swe_calls == ["swebench"]  # once per class, though it answers to several names
+
+
+async def test_a_starting_service_warms_its_handlers_up(tmp_path: Path) -> None:
+    from raas.pipeline.config import ServiceConfig
+    from raas.pipeline.service import RolloutService
+
+    registry = HandlerRegistry(builtins=False, entry_points=False)
+    registry.register(Warming)
+    Warming.calls = 0
+    service = RolloutService(ServiceConfig(state_dir=tmp_path / "svc"), handlers=registry)
+    assert Warming.calls == 0
+    async with service:
+        assert Warming.calls == 1

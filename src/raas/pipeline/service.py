@@ -143,6 +143,7 @@ class RolloutService:
             self.config.state_dir.mkdir(parents=True, exist_ok=True)
             await self.ledger.open()
             await self.layers.start()
+            self.handlers.warm_up()
             recovery = await self.ledger.recover(max_attempts=self.config.max_attempts)
             if recovery.interrupted:
                 log.warning("closed %d jobs interrupted by the previous run", len(recovery.interrupted))

@@ -157,6 +157,13 @@ class TaskHandler(ABC):
     @abstractmethod
     async def eval(self, job: Job, env: Env) -> EvalOutput: ...
 
+    @classmethod  # noqa: B027 - optional hook
+    def warm_up(cls) -> None:
+        """Optional: start loading what this handler's first job would otherwise wait for (a slow import),
+        in the background. A service calls it once per handler class when it starts, never at import or
+        registry construction: a background import racing the importer's own parsing is unsafe on some
+        CPython 3.11 releases (their AST recursion counter is shared between threads)."""
+
     def validate_instance(self, instance: dict[str, Any]) -> None:  # noqa: B027 - optional hook
         """Raise ``RaasError(kind="bad_request")`` for an instance this handler cannot run (checked at submit)."""
 

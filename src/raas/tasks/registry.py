@@ -11,6 +11,7 @@ group whose value is a :class:`~raas.tasks.base.TaskHandler` subclass; its name 
 from __future__ import annotations
 
 import importlib
+import logging
 import threading
 from importlib.metadata import entry_points
 
@@ -18,6 +19,8 @@ from raas.errors import RaasError
 from raas.tasks.base import TaskHandler
 
 ENTRY_POINT_GROUP = "raas.tasks"
+
+log = logging.getLogger(__name__)
 
 
 CODE_ALIASES = ("humaneval", "codecontests", "deepcoder")
@@ -31,9 +34,7 @@ def builtin_handlers() -> dict[str, type[TaskHandler]]:
     from raas.tasks.harness import HarnessHandler
     from raas.tasks.math import MathHandler
     from raas.tasks.stem import StemHandler
-    from raas.tasks.swe.handler import ALIASES, SweHandler, warm_up
-
-    warm_up()
+    from raas.tasks.swe.handler import ALIASES, SweHandler
 
     handlers: dict[str, type[TaskHandler]] = {
         MathHandler.name: MathHandler,
@@ -93,6 +94,17 @@ class HandlerRegistry:
                     self._broken[ep.name] = f"entry point {ep.value!r} is not a TaskHandler subclass"
                     continue
                 self._classes[ep.name] = cls
+
+    def warm_up(self) -> None:
+        """Let each registered handler class start its background warm-up (see :meth:`TaskHandler.warm_up`)."""
+        self._ensure()
+        with self._lock:
+            classes = list(dict.fromkeys(self._classes.values()))
+        for cls in classes:
+            try:
+                cls.warm_up()
+            except Exception as e:  # a plug-in's warm-up is an optimisation; it must not stop the service
+                log.warning("warm-up of task handler %s failed: %s", cls.__qualname__, e)
 
     def register(self, handler: type[TaskHandler], name: str | None = None, *, replace: bool = False) -> None:
         """Register a handler class under ``name`` (default: its ``name`` attribute)."""

@@ -42,7 +42,7 @@ from .workspace import RepoState, prepare_repo
 _warm = threading.Event()
 
 
-def warm_up() -> None:
+def _import_swebench_in_background() -> None:
     """Import swebench (~3 s) in a background thread once per process, so the first SWE job's
     validation at submit, which runs on the service's event loop, finds it loaded."""
     if _warm.is_set():
@@ -81,6 +81,10 @@ class SweHandler(TaskHandler):
 
     def __init__(self) -> None:
         self.settings = self.config if self.config is not None else load_config()
+
+    @classmethod
+    def warm_up(cls) -> None:
+        _import_swebench_in_background()
 
     # -- submit ----------------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from raas.sandbox.base import remove_tree
 
 pytestmark = pytest.mark.unit
 
-TAGS = ("sb-111111111111", "sb-333333333333", "sb-444444444444", "sb-555555555555")
+TAGS = ("sb-111111111111", "sb-333333333333", "sb-444444444444", "sb-555555555555", "sb-666666666666")
 
 
 @pytest.fixture(autouse=True)
@@ -84,6 +84,28 @@ def test_kill_by_env_gets_forks_and_spares_others() -> None:
         assert procs.environ_value(other.pid) == "sb-444444444444"
     finally:
         for p in (target, other):
+            p.kill()
+            p.wait()
+
+
+def test_a_process_that_execs_in_a_loop_is_never_missed(tmp_path: Path) -> None:
+    """While execve sets up its new memory map, /proc/PID/environ reads as empty (about a fifth of the
+    time for a script that re-execs itself); a scan that took that for "no environment" missed such a
+    process in ~30% of scans, and a sandbox's close could leave it running."""
+    again = tmp_path / "again"
+    again.write_text('#!/bin/sh\nexec "$0"\n')
+    again.chmod(0o755)
+    looping = subprocess.Popen(
+        [str(again)], env={**os.environ, procs.ENV_KEY: "sb-666666666666"}, start_new_session=True
+    )
+    bare = subprocess.Popen(["env", "-i", "sleep", "300"])  # an empty environment: read, then given up on
+    try:
+        misses = sum(looping.pid not in procs.pids_with_env("sb-666666666666") for _ in range(300))
+        assert misses == 0
+        assert procs.kill_by_env("sb-666666666666") == 1
+        assert looping.wait(timeout=30) == -9
+    finally:
+        for p in (looping, bare):
             p.kill()
             p.wait()
 

@@ -66,13 +66,57 @@ def _environ_lookup(data: bytes, prefix: bytes) -> bytes | None:
     return data[start:] if end < 0 else data[start:end]
 
 
+# A process in the middle of execve shows an empty /proc/PID/environ for a moment (its new memory map has
+# no environment yet): a process that execs in a loop reads as empty about a fifth of the time. A scan that
+# took that for "no environment" would miss a sandbox's process that happens to be exec-ing, and a sandbox
+# could use that to outlive its close. An empty read is therefore read again a few times, shortly after,
+# unless the process cannot be exec-ing (gone, a zombie, a kernel thread). /proc/PID/stat's env_start and
+# env_end cannot tell an exec-ing process from one started with an empty environment: execve sets them
+# equal while it copies the environment in. A process whose environment really is empty costs a scan
+# those ~15 ms of waiting (once per scan, however many there are).
+_EMPTY_RETRY_S = (0.0, 0.0005, 0.001, 0.001, 0.002, 0.002, 0.004, 0.004)
+
+
+def _cannot_be_exec_ing(pid: int) -> bool:
+    data = _read_proc(f"/proc/{pid}/stat")
+    if not data:
+        return True  # gone
+    fields = data[data.rfind(b")") + 2 :].split()
+    if len(fields) < 2 or fields[0] in (b"Z", b"X"):
+        return True
+    return pid == 2 or fields[1] == b"2"  # kthreadd and its kernel threads
+
+
+def _environ_blocks(pids: list[int]) -> Iterator[tuple[int, bytes]]:
+    """``(pid, environment block)`` for each readable process; empty blocks are read again (see above)."""
+    empty = []
+    for pid in pids:
+        data = _read_proc(f"/proc/{pid}/environ")
+        if data:
+            yield pid, data
+        elif data is not None and not _cannot_be_exec_ing(pid):
+            empty.append(pid)
+    for delay in _EMPTY_RETRY_S:
+        if not empty:
+            return
+        if delay:
+            time.sleep(delay)
+        still = []
+        for pid in empty:
+            data = _read_proc(f"/proc/{pid}/environ")
+            if data:
+                yield pid, data
+            elif data is not None and not _cannot_be_exec_ing(pid):
+                still.append(pid)
+        empty = still
+
+
 def environ_value(pid: int, key: str = ENV_KEY) -> str | None:
     """The value of ``key`` in the environment ``pid`` was started with, None if absent/unreadable."""
-    data = _read_proc(f"/proc/{pid}/environ")
-    if data is None:
-        return None
-    value = _environ_lookup(data, key.encode() + b"=")
-    return None if value is None else value.decode(errors="replace")
+    for _, data in _environ_blocks([pid]):
+        value = _environ_lookup(data, key.encode() + b"=")
+        return None if value is None else value.decode(errors="replace")
+    return None
 
 
 def all_pids() -> Iterator[int]:
@@ -88,7 +132,7 @@ def pids_with_env(value: str, key: str = ENV_KEY) -> list[int]:
     uid = os.geteuid()
     prefix = key.encode() + b"="
     wanted = value.encode()
-    found = []
+    candidates = []
     for pid in all_pids():
         if pid == me:
             continue
@@ -98,20 +142,23 @@ def pids_with_env(value: str, key: str = ENV_KEY) -> list[int]:
                     continue
             except OSError:
                 continue
-        data = _read_proc(f"/proc/{pid}/environ")
-        # Cheap test first: almost no process on the machine has the value anywhere in its environment.
-        if data is not None and wanted in data and _environ_lookup(data, prefix) == wanted:
-            found.append(pid)
-    return found
+        candidates.append(pid)
+    # Cheap test first: almost no process on the machine has the value anywhere in its environment.
+    return [
+        pid
+        for pid, data in _environ_blocks(candidates)
+        if wanted in data and _environ_lookup(data, prefix) == wanted
+    ]
 
 
 def pids_with_env_prefix(prefix: str, key: str = ENV_KEY) -> dict[int, str]:
     """Pids whose ``key`` value starts with ``prefix`` (leak checks), mapped to that value."""
     out: dict[int, str] = {}
-    for pid in all_pids():
-        if pid == os.getpid():
-            continue
-        value = environ_value(pid, key)
+    me = os.getpid()
+    lookup = key.encode() + b"="
+    for pid, data in _environ_blocks([p for p in all_pids() if p != me]):
+        raw = _environ_lookup(data, lookup)
+        value = None if raw is None else raw.decode(errors="replace")
         if value is not None and value.startswith(prefix):
             out[pid] = value
     return out

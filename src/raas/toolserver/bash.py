@@ -15,9 +15,9 @@ turns deadlines into results:
 
 from __future__ import annotations
 
+import _signal as signal  # the C module: signal.py imports enum, a sandbox's first call pays for it
 import errno
 import os
-import signal
 import termios
 
 from . import bashproto, ptyctl

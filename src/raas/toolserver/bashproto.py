@@ -25,13 +25,11 @@ on every command.
 
 from __future__ import annotations
 
-import functools
-import re
-from collections import namedtuple
-
+# Imported by a sandbox's first bash call, on every sandbox start: stdlib modules with a large import cost
+# (re and the enum it imports, functools, collections) are kept out; the records below are plain tuples.
 TYPE_CHECKING = False  # typing is not imported at run time: it costs a sandbox's first call
 if TYPE_CHECKING:
-    from typing import List, Optional, Tuple
+    from typing import Dict, List, Optional, Tuple
 
 MAX_REPORT = 16384
 """A report is a few hundred bytes (the cwd is at most PATH_MAX); a longer field is garbage."""
@@ -99,13 +97,28 @@ __raas_in=1 __raas_so=$SHELLOPTS
 """
 
 
-class Paths(namedtuple("Paths", "command defs runner")):
+class Paths(tuple):
     """Where bash finds the server's descriptors: ``/proc/<server pid>/fd/<n>`` (nothing to delete).
 
     ``command``, ``defs`` (str); ``runner``: a file holding ``\\builtin eval "$__raas_c"``, sourced
     instead of a direct ``eval`` (see below)."""
 
     __slots__ = ()
+
+    def __new__(cls, command: str, defs: str, runner: str) -> Paths:
+        return tuple.__new__(cls, (command, defs, runner))
+
+    @property
+    def command(self) -> str:
+        return self[0]
+
+    @property
+    def defs(self) -> str:
+        return self[1]
+
+    @property
+    def runner(self) -> str:
+        return self[2]
 
 
 def proc_fd_path(pid: int, fd: int) -> str:
@@ -122,11 +135,8 @@ def rcfile(paths: Paths, nonce: str) -> str:
     return definitions(paths) + _RC.replace("@NONCE@", nonce)
 
 
-_UNSAFE = re.compile(r"[^\x20\x22-\x26\x28-\x5b\x5d-\x7e]")  # bytes shown as \xHH: controls, !, ', \
-
-
-def _escape(m: "re.Match[str]") -> str:
-    return "\\x%02x" % ord(m.group())
+# Every byte (as a latin-1 character) that is not printable ASCII, and !, ', \ : shown as \xHH.
+_UNSAFE = {c: "\\x%02x" % c for c in range(256) if not (0x20 <= c <= 0x7E) or chr(c) in "!'\\"}
 
 
 def ansi_c_quote(data: bytes) -> str:
@@ -134,7 +144,7 @@ def ansi_c_quote(data: bytes) -> str:
 
     No ``!`` (history expansion) and no control byte that the terminal's line discipline would act on.
     """
-    return "$'" + _UNSAFE.sub(_escape, data.decode("latin-1")) + "'"
+    return "$'" + data.decode("latin-1").translate(_UNSAFE) + "'"
 
 
 def command_bytes(command: str) -> bytes:
@@ -154,7 +164,12 @@ def inline_argument(data: bytes) -> Optional[str]:
 
 
 RUNNER = '\\builtin eval "$__raas_c"\n'
-_EDITING_WORD = re.compile(r"(?<![\w-])(vi|emacs)(?![\w-])")
+_EDITING_WORDS = ("vi", "emacs")
+
+
+def _wordish(c: str) -> bool:
+    """A character that continues a word: what a regular expression's ``[\\w-]`` matches."""
+    return c.isalnum() or c == "_" or c == "-"
 
 
 def needs_runner(command: str) -> bool:
@@ -164,10 +179,19 @@ def needs_runner(command: str) -> bool:
     run from the interactive prompt, but not inside a sourced file; such commands are ``eval``\\ ed from
     the sourced runner file instead (a ``RETURN`` trap then fires once after them).
     """
-    return _EDITING_WORD.search(command) is not None
+    for word in _EDITING_WORDS:
+        at = command.find(word)
+        while at >= 0:
+            end = at + len(word)
+            if (at == 0 or not _wordish(command[at - 1])) and (
+                end == len(command) or not _wordish(command[end])
+            ):
+                return True
+            at = command.find(word, at + 1)
+    return False
 
 
-class ShellState(namedtuple("ShellState", "status flags saved", defaults=(0, "", "1"))):
+class ShellState(tuple):
     """What the previous report said about the shell, which the next command line restores.
 
     * ``status`` (int): ``$?`` for the next command.
@@ -179,6 +203,21 @@ class ShellState(namedtuple("ShellState", "status flags saved", defaults=(0, "",
     """
 
     __slots__ = ()
+
+    def __new__(cls, status: int = 0, flags: str = "", saved: str = "1") -> ShellState:
+        return tuple.__new__(cls, (status, flags, saved))
+
+    @property
+    def status(self) -> int:
+        return self[0]
+
+    @property
+    def flags(self) -> str:
+        return self[1]
+
+    @property
+    def saved(self) -> str:
+        return self[2]
 
 
 # Restores PS0/1/2 in one assignment; the DEBUG trap turns tracing back on at the user's first command.
@@ -202,9 +241,23 @@ def command_line(
     return line.encode("ascii")
 
 
-@functools.lru_cache(maxsize=64)
+_TEMPLATES: Dict[Tuple[ShellState, bool, bool, Paths], Tuple[str, str]] = {}
+_TEMPLATES_MAX = 64
+
+
 def _line_template(state: ShellState, inline: bool, runner: bool, paths: Paths) -> Tuple[str, str]:
-    """The parts of a command line around the inline command: they change only with the shell's state."""
+    """The parts of a command line around the inline command: they change only with the shell's state
+    (kept for the last few states: a session goes back and forth between a handful)."""
+    key = (state, inline, runner, paths)
+    parts = _TEMPLATES.get(key)
+    if parts is None:
+        if len(_TEMPLATES) >= _TEMPLATES_MAX:
+            _TEMPLATES.clear()
+        parts = _TEMPLATES[key] = _make_line_template(state, inline, runner, paths)
+    return parts
+
+
+def _make_line_template(state: ShellState, inline: bool, runner: bool, paths: Paths) -> Tuple[str, str]:
     assign = ["__raas_in=1"]
     for key, var in (("0", "PS0"), ("1", "PS1")):
         if key in state.saved:
@@ -251,7 +304,7 @@ def probe_line(seq: int, nonce: str, paths: Paths) -> bytes:
     return line.encode("ascii")
 
 
-class Report(namedtuple("Report", "nonce seq status flags saved cwd prompt prompt0")):
+class Report(tuple):
     """One report: ``nonce`` (str), ``seq``, ``status`` (int), ``flags``, ``saved`` (see
     :class:`ShellState`), ``cwd``; ``prompt``: the user's expanded PS1 (probe reports only: the prompt
     bash printed after an aborted command); ``prompt0``: the user's expanded PS0 (probe reports only:
@@ -259,33 +312,91 @@ class Report(namedtuple("Report", "nonce seq status flags saved cwd prompt promp
 
     __slots__ = ()
 
+    def __new__(
+        cls, nonce: str, seq: int, status: int, flags: str, saved: str, cwd: str, prompt: str, prompt0: str
+    ) -> Report:
+        return tuple.__new__(cls, (nonce, seq, status, flags, saved, cwd, prompt, prompt0))
+
+    @property
+    def nonce(self) -> str:
+        return self[0]
+
+    @property
+    def seq(self) -> int:
+        return self[1]
+
+    @property
+    def status(self) -> int:
+        return self[2]
+
+    @property
+    def flags(self) -> str:
+        return self[3]
+
+    @property
+    def saved(self) -> str:
+        return self[4]
+
+    @property
+    def cwd(self) -> str:
+        return self[5]
+
+    @property
+    def prompt(self) -> str:
+        return self[6]
+
+    @property
+    def prompt0(self) -> str:
+        return self[7]
+
     def state(self) -> ShellState:
         return ShellState(self.status, self.flags, self.saved)
 
 
-_RECORD = re.compile(
-    rb"RAAS1 ([0-9]{1,32}) ([0-9]{1,18}) ([0-9]{1,3}) ([xvhye]{0,8}) ([a-z]{0,32}) ([012c]{0,4}) ([^\0]*)\0([^\0]*)\0([^\0]*)\0\Z",
-    re.S | re.I,
-)
+_HEADER = b"RAAS1 "
+_FLAG_BYTES = frozenset(b"xvhyeXVHYE")
+_SAVED_BYTES = frozenset(b"012cC")
+
+
+def _digits(field: bytes, most: int) -> bool:
+    return 0 < len(field) <= most and field.isdigit()  # bytes.isdigit: ASCII digits only
 
 
 def parse_report(record: bytes) -> Optional[Report]:
-    """A report as bash printed it (``RAAS1 ...`` up to its third NUL), or None if it is not one."""
-    m = _RECORD.match(record)
-    if m is None:
+    """A report as bash printed it (``RAAS1 ...`` up to its third NUL), or None if it is not one.
+
+    ``RAAS1 <nonce: 1-32 digits> <seq: 1-18 digits> <status: 1-3 digits> <flags: 0-8 of xvhye>
+    <$-: 0-32 letters> <saved: 0-4 of 012c> <cwd>\\0<PS1>\\0<PS0>\\0`` and nothing after; letters in
+    either case (a terminal in ``olcuc`` mode prints the report in upper case)."""
+    if record[:6].upper() != _HEADER:
         return None
-    flags = m.group(4).decode("ascii").lower()
-    if b"a" in m.group(5).lower():
-        flags += "a"
+    fields = record[6:].split(b" ", 6)
+    if len(fields) != 7:
+        return None
+    nonce, seq, status, flags, options, saved, rest = fields
+    if not (_digits(nonce, 32) and _digits(seq, 18) and _digits(status, 3)):
+        return None
+    if len(flags) > 8 or not all(b in _FLAG_BYTES for b in flags):
+        return None
+    if len(options) > 32 or (options and not options.isalpha()):  # bytes.isalpha: ASCII letters only
+        return None
+    if len(saved) > 4 or not all(b in _SAVED_BYTES for b in saved):
+        return None
+    texts = rest.split(b"\0")
+    if len(texts) != 4 or texts[3]:
+        return None
+    shown = flags.decode("ascii").lower()
+    if b"a" in options.lower():
+        shown += "a"
     return Report(
-        m.group(1).decode("ascii"),
-        int(m.group(2)),
-        int(m.group(3)),
-        flags,
-        m.group(6).decode("ascii").lower(),
-        m.group(7).decode("utf-8", "replace"),
-        m.group(8).decode("utf-8", "replace"),
-        m.group(9).decode("utf-8", "replace"),
+        nonce.decode("ascii"),
+        int(seq),
+        int(status),
+        shown,
+        saved.decode("ascii").lower(),
+        texts[0].decode("utf-8", "replace"),
+        texts[1].decode("utf-8", "replace"),
+        texts[2].decode("utf-8", "replace"),
     )
 
 

@@ -6,7 +6,6 @@ whose buffer may be full; both must cost nothing while nothing happens (no sleep
 
 from __future__ import annotations
 
-import functools
 import os
 
 from . import loop as aio
@@ -28,7 +27,10 @@ async def until(done: aio.Future, when: float) -> None:
     loop = aio.get_running_loop()
     wake = loop.create_future()
     timer = loop.call_at(when, _resolve, wake) if when != float("inf") else None
-    callback = functools.partial(_resolve, wake)
+
+    def callback(_: aio.Future) -> None:
+        _resolve(wake)
+
     done.add_done_callback(callback)
     try:
         await wake

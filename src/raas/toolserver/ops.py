@@ -14,16 +14,55 @@ Runs inside sandboxes on the image's python3 (>= 3.8): standard library only, 3.
 from __future__ import annotations
 
 import math
-from collections import namedtuple
 
 TYPE_CHECKING = False  # typing is not imported at run time: it costs a sandbox's first call ~15 ms of CPU
 if TYPE_CHECKING:
     from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 else:
+    _MISSING = object()
+
+    def _record_class(name, fields, defaults, body):
+        """A tuple subclass with named fields, what ``collections.namedtuple`` makes (without importing
+        ``collections``, another few milliseconds of every sandbox's start): positional or keyword
+        construction with trailing defaults, a read-only property per field, ``_replace`` and a repr."""
+        first_default = len(fields) - len(defaults)
+        index = {f: i for i, f in enumerate(fields)}
+
+        def __new__(cls, *args, **kwargs):
+            if len(args) > len(fields):
+                raise TypeError("%s() takes %d arguments, got %d" % (name, len(fields), len(args)))
+            values = list(args) + [_MISSING] * (len(fields) - len(args))
+            for key, value in kwargs.items():
+                i = index.get(key)
+                if i is None:
+                    raise TypeError("%s() got an unexpected keyword argument %r" % (name, key))
+                if values[i] is not _MISSING:
+                    raise TypeError("%s() got multiple values for argument %r" % (name, key))
+                values[i] = value
+            for i, value in enumerate(values):
+                if value is _MISSING:
+                    if i < first_default:
+                        raise TypeError("%s() missing required argument %r" % (name, fields[i]))
+                    values[i] = defaults[i - first_default]
+            return tuple.__new__(cls, values)
+
+        def _replace(self, **changes):
+            return type(self)(**{f: changes.pop(f, v) for f, v in zip(fields, self)}, **changes)  # noqa: B905 - Python 3.8
+
+        def __repr__(self):
+            return "%s(%s)" % (name, ", ".join("%s=%r" % fv for fv in zip(fields, self)))  # noqa: B905 - Python 3.8
+
+        def field(i):
+            return property(lambda self: self[i])
+
+        ns = {f: field(i) for i, f in enumerate(fields)}
+        ns.update(body)
+        ns.update(__slots__=(), __new__=__new__, _replace=_replace, __repr__=__repr__, _fields=tuple(fields))
+        return type(name, (tuple,), ns)
 
     class _RecordType(type):
         """What ``class X(NamedTuple)`` does for the records below, without importing ``typing``: the
-        annotated names become the fields of a ``collections.namedtuple``, their values its defaults."""
+        annotated names become the fields of a named tuple, their values its defaults."""
 
         def __new__(mcs, name, bases, ns):
             if not bases:
@@ -40,8 +79,7 @@ else:
                 for k, v in ns.items()
                 if k not in fields and k not in ("__annotations__", "__annotate__")
             }
-            body["__slots__"] = ()
-            return type(name, (namedtuple(name, fields, defaults=defaults),), body)
+            return _record_class(name, fields, defaults, body)
 
     class NamedTuple(metaclass=_RecordType):
         pass

@@ -12,8 +12,6 @@ is linear in the input.
 
 from __future__ import annotations
 
-import re
-
 from .protocol import truncation_marker
 
 TYPE_CHECKING = False  # typing is not imported at run time: it costs a sandbox's first call
@@ -24,14 +22,32 @@ MAX_STRING = 4096
 """Longest OSC/DCS/APC/PM/SOS body honoured as one sequence; longer ones are treated as unterminated."""
 
 # Where a sequence may start: ESC, and the 8-bit forms of DCS, SOS, CSI, OSC, PM, APC.
-_INTRO = re.compile("[\x1b\x90\x98\x9b\x9d\x9e\x9f]")
-_CSI_BODY = re.compile("[0-?]*[ -/]*")  # parameter then intermediate bytes; a final byte [@-~] must follow
-_ESC_BODY = re.compile("[ -/]*")  # intermediates of a two-or-more byte escape; a final [0-~] must follow
-# A string body stops at the first control character (ESC, BEL, ST, CR, LF, ...) or at the bound.
-_STRING_BODY = re.compile("[^\x00-\x1f\x7f-\x9f]{0,%d}" % MAX_STRING)
+_INTROS = "\x1b\x90\x98\x9b\x9d\x9e\x9f"
 _STRING_INTROS = frozenset("]P^_X\x90\x98\x9d\x9e\x9f")
-_CR_NL = re.compile(r"\r+\n")
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Removed from the text: every C0 control but TAB and LF, DEL and the C1 controls.
+_CONTROLS = dict.fromkeys([*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0)])
+_patterns: Optional[Tuple[Pattern[str], Pattern[str], Pattern[str], Pattern[str]]] = None
+
+
+def _escape_patterns() -> Tuple[Pattern[str], Pattern[str], Pattern[str], Pattern[str]]:
+    """The escape-sequence patterns, compiled on first use: ``re`` (and the ``enum`` it imports) cost a
+    sandbox's first call several milliseconds of CPU, and most output has no escape sequence at all."""
+    global _patterns
+    if _patterns is None:
+        import re
+
+        _patterns = (
+            re.compile("[%s]" % _INTROS),
+            re.compile("[0-?]*[ -/]*"),  # CSI: parameter then intermediate bytes; a final [@-~] must follow
+            re.compile("[ -/]*"),  # intermediates of a two-or-more byte escape; a final [0-~] must follow
+            # A string body stops at the first control character (ESC, BEL, ST, CR, LF, ...) or at the bound.
+            re.compile("[^\x00-\x1f\x7f-\x9f]{0,%d}" % MAX_STRING),
+        )
+    return _patterns
+
+
+def _has_intro(text: str) -> bool:
+    return any(c in text for c in _INTROS)
 
 
 def _body_end(pattern: Pattern[str], text: str, pos: int) -> int:
@@ -46,12 +62,13 @@ def strip_escapes(text: str, work: Optional[List[int]] = None) -> str:
     ``work``, when given, gets the number of characters examined added to ``work[0]`` (at most about
     twice the length of ``text``): tests use it to check the pass stays linear.
     """
+    intro, csi_body, esc_body, string_body = _escape_patterns()
     out: List[str] = []
     pos = 0
     n = len(text)
     examined = 0
     while True:
-        m = _INTRO.search(text, pos)
+        m = intro.search(text, pos)
         if m is None:
             out.append(text[pos:])
             examined += n - pos
@@ -68,7 +85,7 @@ def strip_escapes(text: str, work: Optional[List[int]] = None) -> str:
             body = start + 2
             if c != "[" and c not in _STRING_INTROS:
                 # nF / Fp / Fe / Fs escapes: intermediates, then one final byte.
-                end = _body_end(_ESC_BODY, text, start + 1)
+                end = _body_end(esc_body, text, start + 1)
                 examined += end - start
                 if end < n and "0" <= text[end] <= "~":
                     pos = end + 1
@@ -79,11 +96,11 @@ def strip_escapes(text: str, work: Optional[List[int]] = None) -> str:
             body = start + 1
             c = "[" if c == "\x9b" else c
         if c == "[":
-            end = _body_end(_CSI_BODY, text, body)
+            end = _body_end(csi_body, text, body)
             examined += end - body + 1
             pos = end + 1 if end < n and "@" <= text[end] <= "~" else body
             continue
-        end = _body_end(_STRING_BODY, text, body)
+        end = _body_end(string_body, text, body)
         examined += end - body + 1
         if end < n and text[end] in "\x07\x9c":
             pos = end + 1
@@ -103,18 +120,19 @@ def clean_text(raw: bytes) -> str:
     on that line: the text after the last carriage return.
     """
     text = raw.decode("utf-8", errors="replace")
-    if _INTRO.search(text) is not None:
+    if _has_intro(text):
         text = strip_escapes(text)
     if "\r" in text:
-        text = _CR_NL.sub("\n", text)
-        if "\r" in text:
-            lines = text.split("\n")
-            for i, line in enumerate(lines):
-                if "\r" in line:
-                    parts = [p for p in line.split("\r") if p]
-                    lines[i] = parts[-1] if parts else ""
-            text = "\n".join(lines)
-    return _CONTROL.sub("", text)
+        lines = text.split("\n")
+        for i, line in enumerate(lines):
+            if i < len(lines) - 1:
+                line = line.rstrip("\r")  # CR...CR LF ends a line like LF
+            if "\r" in line:
+                parts = [p for p in line.split("\r") if p]
+                line = parts[-1] if parts else ""
+            lines[i] = line
+        text = "\n".join(lines)
+    return text.translate(_CONTROLS)
 
 
 class OutputBuffer:

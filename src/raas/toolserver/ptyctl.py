@@ -10,10 +10,10 @@ sleeps in ``read`` on the terminal, or in ``select``/``poll``/``epoll`` on a set
 
 from __future__ import annotations
 
+import _signal as signal  # the C module: signal.py imports enum, a sandbox's first call pays for it
 import errno
 import fcntl
 import os
-import signal
 import struct
 import termios
 

@@ -19,7 +19,8 @@ fi
 if [ "$(id -u)" = 0 ] && command -v debootstrap >/dev/null 2>&1; then
   .venv/bin/python -c 'from tests.conftest import TEST_IMAGE_SPEC as s; from raas.sandbox.images import build_rootfs; print("test image:", build_rootfs(s))'
 fi
-.venv/bin/pytest -p no:cacheprovider "$@"
+# --durations: where the suite spends its time shows in every CI log.
+.venv/bin/pytest -p no:cacheprovider --durations=25 "$@"
 if [ -n "$unpriv" ]; then
   echo "== rootless sandbox tests as $unpriv"
   home=$(getent passwd "$unpriv" | cut -d: -f6)

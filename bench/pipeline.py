@@ -13,7 +13,7 @@
    rollouts run one by one, and ``burst_32``: a trainer's next batch of 32 after a pause (with pools: once
    the pool refilled), the time until all are done. The scripted policy runs in a process of its own
    (``python -m tests.doubles.scripted_llm``).
-2. ``decoupling``: a scripted vLLM-protocol server with a fixed capacity (``capacity`` concurrent
+2. ``decoupling`` (in ``pipeline_decoupling.py``): a scripted vLLM-protocol server with a fixed capacity (``capacity`` concurrent
    sequences at ``tokens_per_s`` each) and INIT/EVAL latencies drawn from log-normal distributions.
    raas's three pools versus a coupled baseline (one pool of workers each doing init → run → eval) with
    the same total number of workers. Reported: LLM slot utilization over the steady-state window (between
@@ -33,69 +33,18 @@ import json
 import math
 import os
 import platform
-import random
-import socket
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-import httpx
-
-from raas.core.jobs import JobRequest
-from raas.core.trajectory import EvalOutput, RunOutput, TokenTrajectory
-from raas.llm import LLMBalancer, SamplingParams
-from raas.pipeline.config import ServiceConfig
+from pipeline_common import REPO, BenchHandler, PolicyProcess, make_service, run_all
+from pipeline_decoupling import decoupling
+from raas.llm import LLMBalancer
 from raas.pipeline.service import RolloutService
-from raas.sandbox import SandboxManager
-from raas.sandbox.config import make_config
 from raas.sandbox.images import image_cache_dir
-from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
-from raas.tasks.registry import HandlerRegistry
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-class BenchHandler(TaskHandler):
-    """The benchmark task: instance fields ``sandbox``, ``init_s``, ``turns``, ``tokens``, ``bash``, ``eval_s``."""
-
-    name: ClassVar[str] = "bench.task"
-
-    async def init(self, job: Job, sandboxes: JobSandboxes) -> Env:
-        env = Env(job=job, sandboxes=sandboxes)
-        if job.instance.get("sandbox"):
-            env.sandbox = await sandboxes.open()
-        if job.instance.get("init_s"):
-            await asyncio.sleep(float(job.instance["init_s"]))
-        return env
-
-    async def run(self, job: Job, env: Env, llm: LLMContext) -> RunOutput:
-        prompt = [1, 2, 3, 4]
-        response: list[int] = []
-        sampling = SamplingParams(max_tokens=int(job.instance.get("tokens", 8)))
-        for _ in range(int(job.instance.get("turns", 1))):
-            res = await llm.balancer.generate(prompt, sampling, trajectory_id=job.trajectory_id)
-            response += res.output_ids
-            prompt = prompt + res.output_ids + [5]
-        if env.sandbox is not None and job.instance.get("bash", True):
-            await env.sandbox.tools.bash("echo ok")
-        llm.balancer.release(job.trajectory_id)
-        return RunOutput(
-            token_trajectory=TokenTrajectory(
-                prompt_ids=[1, 2, 3, 4],
-                response_ids=response,
-                loss_mask=[1] * len(response),
-                logprobs=[0.0] * len(response),
-            ),
-            finish_reason="finish_tool",
-        )
-
-    async def eval(self, job: Job, env: Env) -> EvalOutput:
-        if job.instance.get("eval_s"):
-            await asyncio.sleep(float(job.instance["eval_s"]))
-        return EvalOutput(reward=1.0, resolved=True)
 
 
 def rss_mb() -> float:
@@ -115,28 +64,6 @@ def pct(values: list[float], q: float) -> float:
 def default_bwrap_image() -> str | None:
     candidates = sorted(p for p in image_cache_dir().glob("rootfs-*") if p.is_dir())
     return str(candidates[0]) if candidates else None
-
-
-async def make_service(state: Path, balancer: Any, sandbox: dict[str, Any], **cfg: Any) -> RolloutService:
-    config = ServiceConfig(
-        state_dir=state,
-        sandbox=sandbox,
-        shutdown_grace_s=0.0,
-        max_pending=100_000,
-        result_ttl_s=None,
-        max_results=None,
-        **cfg,
-    )
-    handlers = HandlerRegistry()
-    handlers.register(BenchHandler, replace=True)
-    service = RolloutService(config, balancer=balancer, handlers=handlers)
-    await service.start()
-    return service
-
-
-async def run_all(service: RolloutService, instances: list[dict[str, Any]]) -> list[Any]:
-    accepted = await service.submit_many([JobRequest(instance=i) for i in instances])
-    return [await service.wait(a.job_id, None) for a in accepted]
 
 
 # -- 1. overhead -------------------------------------------------------------------------------------------
@@ -325,193 +252,6 @@ async def overhead(
             out[name] = row
         await balancer.aclose()
     return out
-
-
-# -- 2. decoupling -----------------------------------------------------------------------------------------
-
-
-def lognormal(rng: random.Random, median: float, sigma: float) -> float:
-    return median * math.exp(rng.gauss(0.0, sigma))
-
-
-def decoupling_jobs(n: int, p: dict[str, Any], seed: int) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    return [
-        {
-            "data_source": BenchHandler.name,
-            "sandbox": False,
-            "turns": p["turns"],
-            "tokens": p["tokens"],
-            "init_s": lognormal(rng, p["init_median_s"], p["sigma"]),
-            "eval_s": lognormal(rng, p["eval_median_s"], p["sigma"]),
-        }
-        for _ in range(n)
-    ]
-
-
-class PolicyProcess:
-    """The capacity-limited scripted policy in a process of its own, so its timing does not share the
-    event loop (or the GIL) with the system under test; statistics are read over HTTP."""
-
-    def __init__(self, p: dict[str, Any]) -> None:
-        self.p = p
-        self.proc: asyncio.subprocess.Process | None = None
-        self.url = ""
-        self.http = httpx.AsyncClient(timeout=30)
-
-    async def __aenter__(self) -> PolicyProcess:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        args = ["--port", str(port), "--tokens", str(self.p["tokens"])]
-        if self.p.get("capacity"):
-            args += ["--capacity", str(self.p["capacity"]), "--tokens-per-s", str(self.p["tokens_per_s"])]
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tests.doubles.scripted_llm", *args, cwd=REPO, env=env,
-            stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        assert self.proc.stdout is not None
-        line = (await asyncio.wait_for(self.proc.stdout.readline(), 60)).decode()
-        if not line.startswith("SCRIPTED_LLM_READY"):
-            raise RuntimeError(f"scripted policy did not start: {line!r}")
-        self.url = line.split()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.http.aclose()
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.terminate()
-            await self.proc.wait()
-
-    async def reset(self) -> None:
-        (await self.http.post(self.url + "/_scripted/reset")).raise_for_status()
-
-    async def stats(self) -> dict[str, float]:
-        r = await self.http.get(self.url + "/_scripted/stats")
-        r.raise_for_status()
-        return r.json()  # type: ignore[no-any-return]
-
-
-class Window:
-    """Resets the policy's statistics when ``lo`` of the jobs are done and reads them when ``hi`` are."""
-
-    def __init__(self, llm: PolicyProcess, total: int, lo: float = 0.1, hi: float = 0.9) -> None:
-        self.llm, self.lo, self.hi = llm, max(1, int(total * lo)), max(2, int(total * hi))
-        self.done = 0
-        self._reset: asyncio.Task[None] | None = None
-        self._stats: asyncio.Task[dict[str, float]] | None = None
-        self.t_lo = self.t_hi = 0.0
-
-    def finished(self) -> None:
-        self.done += 1
-        if self.done == self.lo:
-            self._reset = asyncio.ensure_future(self.llm.reset())
-            self.t_lo = time.perf_counter()
-        elif self.done == self.hi:
-            self._stats = asyncio.ensure_future(self.llm.stats())
-            self.t_hi = time.perf_counter()
-
-    async def report(self) -> dict[str, float]:
-        assert self._reset is not None and self._stats is not None
-        await self._reset
-        stats = await self._stats
-        span = self.t_hi - self.t_lo
-        return {
-            "llm_utilization": round(stats["utilization"], 4),
-            "rollouts_per_s": round((self.hi - self.lo) / span, 2),
-            "window_s": round(span, 2),
-        }
-
-
-async def decoupled_run(root: Path, jobs: list[dict[str, Any]], p: dict[str, Any]) -> dict[str, Any]:
-    async with PolicyProcess(p) as llm:
-        balancer = LLMBalancer(health_interval_s=0)
-        balancer.add(llm.url)
-        service = await make_service(
-            root / "decoupled",
-            balancer,
-            {"backend": "local"},
-            init_workers=p["raas_workers"]["init"],
-            run_workers=p["raas_workers"]["run"],
-            eval_workers=p["raas_workers"]["eval"],
-        )
-        window = Window(llm, len(jobs))
-        try:
-            async with service.events() as sub:
-                t0 = time.perf_counter()
-                await service.submit_many([JobRequest(instance=j) for j in jobs])
-                async for ev in sub:
-                    if ev.status in ("completed", "failed", "timeout", "cancelled"):
-                        window.finished()
-                        if window.done == len(jobs):
-                            break
-                wall = time.perf_counter() - t0
-        finally:
-            await service.shutdown(0)
-            await balancer.aclose()
-        return {**await window.report(), "total_wall_s": round(wall, 2)}
-
-
-async def coupled_run(root: Path, jobs: list[dict[str, Any]], p: dict[str, Any]) -> dict[str, Any]:
-    """The baseline: W workers, each doing init → run → eval for one job at a time (no separate pools)."""
-    async with PolicyProcess(p) as llm:
-        balancer = LLMBalancer(health_interval_s=0)
-        balancer.add(llm.url)
-        manager = SandboxManager(root / "coupled" / "sandboxes")
-        handler = BenchHandler()
-        from raas.agent.config import AgentConfig
-
-        ctx = LLMContext(balancer=balancer, tokenizer=None, agent=AgentConfig())  # type: ignore[arg-type]
-        queue: asyncio.Queue[tuple[int, dict[str, Any]]] = asyncio.Queue()
-        for i, j in enumerate(jobs):
-            queue.put_nowait((i, j))
-        window = Window(llm, len(jobs))
-
-        async def worker() -> None:
-            while True:
-                try:
-                    i, instance = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
-                job = Job(job_id=f"c{i}", instance=instance, trajectory_id=f"c{i}")
-                sandboxes = JobSandboxes(manager, make_config(backend="local"), job.job_id)
-                env = await handler.init(job, sandboxes)
-                env.run_output = await handler.run(job, env, ctx)
-                await sandboxes.close_all()
-                await handler.eval(job, env)
-                await sandboxes.close_all()
-                window.finished()
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(p["total_workers"])))
-        wall = time.perf_counter() - t0
-        await balancer.aclose()
-        await manager.close_all()
-        return {**await window.report(), "total_wall_s": round(wall, 2)}
-
-
-async def decoupling(root: Path, n_jobs: int) -> dict[str, Any]:
-    p: dict[str, Any] = {
-        "capacity": 8,
-        "tokens_per_s": 100.0,
-        "turns": 3,
-        "tokens": 20,
-        "init_median_s": 0.2,
-        "eval_median_s": 0.5,
-        "sigma": 0.8,
-        "total_workers": 22,
-        "raas_workers": {"init": 4, "run": 9, "eval": 9},
-    }
-    assert sum(p["raas_workers"].values()) == p["total_workers"]
-    jobs = decoupling_jobs(n_jobs, p, seed=7)
-    raas = await decoupled_run(root, jobs, p)
-    coupled = await coupled_run(root, jobs, p)
-    return {
-        "params": {**p, "jobs": n_jobs, "llm_s_per_job": p["turns"] * p["tokens"] / p["tokens_per_s"]},
-        "raas": raas,
-        "coupled": coupled,
-    }
 
 
 # -- 3. rss ------------------------------------------------------------------------------------------------

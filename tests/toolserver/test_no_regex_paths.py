@@ -177,3 +177,33 @@ async def test_the_first_bash_call_imports_no_costly_module(tmp_path: Path) -> N
     }
     assert "raas_toolserver.bashtool" in imported  # the log is the server's
     assert sorted(imported & set(COSTLY)) == []
+
+
+def test_the_records_behave_like_named_tuples() -> None:
+    """Copy, pickle, equality, hashing, ``_replace`` and argument errors, as with ``collections.namedtuple``."""
+    import copy
+    import pickle
+
+    from raas.toolserver import ops
+
+    records = [
+        bashproto.Paths("/proc/1/fd/5", "/proc/1/fd/7", "/proc/1/fd/8"),
+        bashproto.ShellState(2, "x", "01"),
+        bashproto.ShellState(),
+        bashproto.Report("12", 3, 0, "xh", "1", "/work", "$ ", ""),
+        ops.Arg("path", ops.STR, required=True),
+        next(iter(ops.OPS.values())),
+    ]
+    for r in records:
+        for again in (copy.copy(r), copy.deepcopy(r), pickle.loads(pickle.dumps(r))):
+            assert type(again) is type(r) and again == r and hash(again) == hash(r)
+    assert bashproto.ShellState() == (0, "", "1") and bashproto.ShellState().saved == "1"
+    arg = ops.Arg("n", ops.INT)
+    assert arg._replace(required=True).required and not arg.required
+    assert repr(arg).startswith("Arg(name='n', type='int', required=False")
+    with pytest.raises(TypeError):
+        ops.Arg("n")  # a field without a default is missing
+    with pytest.raises(TypeError):
+        ops.Arg("n", ops.INT, nope=1)
+    with pytest.raises(TypeError):
+        arg._replace(nope=1)

@@ -108,6 +108,9 @@ class Paths(tuple):
     def __new__(cls, command: str, defs: str, runner: str) -> Paths:
         return tuple.__new__(cls, (command, defs, runner))
 
+    def __getnewargs__(self) -> tuple:
+        return tuple(self)  # copy and pickle call __new__ with the fields
+
     @property
     def command(self) -> str:
         return self[0]
@@ -206,6 +209,9 @@ class ShellState(tuple):
 
     def __new__(cls, status: int = 0, flags: str = "", saved: str = "1") -> ShellState:
         return tuple.__new__(cls, (status, flags, saved))
+
+    def __getnewargs__(self) -> tuple:
+        return tuple(self)  # copy and pickle call __new__ with the fields
 
     @property
     def status(self) -> int:
@@ -316,6 +322,9 @@ class Report(tuple):
         cls, nonce: str, seq: int, status: int, flags: str, saved: str, cwd: str, prompt: str, prompt0: str
     ) -> Report:
         return tuple.__new__(cls, (nonce, seq, status, flags, saved, cwd, prompt, prompt0))
+
+    def __getnewargs__(self) -> tuple:
+        return tuple(self)  # copy and pickle call __new__ with the fields
 
     @property
     def nonce(self) -> str:

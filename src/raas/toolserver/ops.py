@@ -49,6 +49,9 @@ else:
         def _replace(self, **changes):
             return type(self)(**{f: changes.pop(f, v) for f, v in zip(fields, self)}, **changes)  # noqa: B905 - Python 3.8
 
+        def __getnewargs__(self):
+            return tuple(self)  # copy and pickle call __new__ with the fields
+
         def __repr__(self):
             return "%s(%s)" % (name, ", ".join("%s=%r" % fv for fv in zip(fields, self)))  # noqa: B905 - Python 3.8
 
@@ -57,7 +60,14 @@ else:
 
         ns = {f: field(i) for i, f in enumerate(fields)}
         ns.update(body)
-        ns.update(__slots__=(), __new__=__new__, _replace=_replace, __repr__=__repr__, _fields=tuple(fields))
+        ns.update(
+            __slots__=(),
+            __new__=__new__,
+            __getnewargs__=__getnewargs__,
+            _replace=_replace,
+            __repr__=__repr__,
+            _fields=tuple(fields),
+        )
         return type(name, (tuple,), ns)
 
     class _RecordType(type):

@@ -78,9 +78,9 @@ async def test_crashed_run_is_reaped(tmp_path: Path, sandbox_config: SandboxConf
     sid = str(info["id"])
     assert (state / "records" / f"{sid}.json").exists()
     assert exists(info["scratch"])
-    if backend == "local":
-        # No namespace dies with the crashed run here: the daemon is still around to reap.
-        assert sbprocs.pids_with_env(sid) != []
+    # No namespace dies with a crashed local run: its daemon is usually still around to reap. Not always:
+    # the server dies with its parent (pdeathsig), and the daemon's shell may take it along first (seen
+    # under load); the records and the scratch dir must be reaped either way.
     manager = SandboxManager(state)
     reaped = await manager.reap_stale()
     assert sid in reaped

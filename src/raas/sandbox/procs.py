@@ -89,26 +89,20 @@ def _cannot_be_exec_ing(pid: int) -> bool:
 
 def _environ_blocks(pids: list[int]) -> Iterator[tuple[int, bytes]]:
     """``(pid, environment block)`` for each readable process; empty blocks are read again (see above)."""
-    empty = []
-    for pid in pids:
-        data = _read_proc(f"/proc/{pid}/environ")
-        if data:
-            yield pid, data
-        elif data is not None and not _cannot_be_exec_ing(pid):
-            empty.append(pid)
-    for delay in _EMPTY_RETRY_S:
-        if not empty:
+    pending = pids
+    for delay in (0.0, *_EMPTY_RETRY_S):  # the first read, then the re-reads of what came back empty
+        if not pending:
             return
         if delay:
             time.sleep(delay)
-        still = []
-        for pid in empty:
+        empty = []
+        for pid in pending:
             data = _read_proc(f"/proc/{pid}/environ")
             if data:
                 yield pid, data
             elif data is not None and not _cannot_be_exec_ing(pid):
-                still.append(pid)
-        empty = still
+                empty.append(pid)
+        pending = empty
 
 
 def environ_value(pid: int, key: str = ENV_KEY) -> str | None:

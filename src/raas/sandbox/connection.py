@@ -9,8 +9,9 @@ the caller:
   without one (``tool_timeout`` when it passes); a bash call with only a no-output timeout has no fixed
   deadline, since its output may legitimately keep it going;
 * a liveness check: while calls are in flight it pings the server every ``liveness_interval_s``; a server
-  that does not answer within ``liveness_timeout_s`` and sends nothing else meanwhile (stopped, frozen, or
-  its loop blocked) fails every waiting call with ``sandbox_dead`` at once, and further calls are refused.
+  that does not answer within ``liveness_timeout_s`` and meanwhile neither sends anything nor takes any
+  of a request still being sent (stopped, frozen, or its loop blocked) fails every waiting call with
+  ``sandbox_dead`` at once, and further calls are refused.
 
 One connection serves one sandbox, and every sandbox's connection shares the host's event loop: a large
 transfer must not stall the others. A thread does not help there (copying bytes, encoding text and
@@ -101,6 +102,7 @@ class ToolConnection:
         self._write_lock = asyncio.Lock()
         self._transfers = Executor("raas-transfer", 1)
         self._last_rx = 0.0  # loop time the server's last bytes arrived (liveness: a long download is life)
+        self._tx_queued = 0  # request bytes handed to the transport, pings' not (liveness: an upload is life)
         self._writes: set[asyncio.Task[None]] = set()
         self._closed = False
         self._dead: RaasError | None = None
@@ -147,6 +149,7 @@ class ToolConnection:
                     kind="sandbox_dead",
                 ) from None
             self._reader, self._writer = reader, writer
+            self._tx_queued = 0
             self._reader_task = asyncio.create_task(self._read_loop(reader))
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
@@ -332,7 +335,7 @@ class ToolConnection:
             if writer is None:
                 raise RaasError("the tool server connection is gone", kind="sandbox_dead")
             try:
-                await self._send(writer, frame, pieces or [], size)
+                await self._send(writer, frame, pieces or [], size, counted=guarded)
             except (ConnectionError, OSError) as exc:
                 raise RaasError(f"sending to the tool server failed: {exc}", kind="sandbox_dead") from None
             limit = (self.request_timeout_s if wait_s is None else wait_s) if deadline else None
@@ -353,14 +356,19 @@ class ToolConnection:
         err = msg.get("error") or {}
         raise RaasError(str(err.get("message", "tool server error")), kind=str(err.get("kind", "internal")))
 
-    async def _send(self, writer: asyncio.StreamWriter, frame: bytes, pieces: list[bytes], size: int) -> None:
+    async def _send(
+        self, writer: asyncio.StreamWriter, frame: bytes, pieces: list[bytes], size: int, *, counted: bool
+    ) -> None:
         """Write one message under the write lock. A small one goes into the transport whole; a large
         attachment goes chunk by chunk, each after the previous one drained, in a task of its own that a
         cancelled caller does not stop, so the connection never carries half a message and the transport
-        never holds a copy of the whole attachment."""
+        never holds a copy of the whole attachment. ``counted``: the bytes count as the server taking a
+        request (a ping's own do not, or the ping would prove itself alive)."""
         if size < LARGE_BYTES:
             async with self._write_lock:
                 writer.writelines([frame, *pieces])
+                if counted:
+                    self._tx_queued += len(frame) + size
                 await writer.drain()
             return
         task = asyncio.create_task(self._write_chunked(writer, frame, pieces))
@@ -378,10 +386,13 @@ class ToolConnection:
     async def _write_chunked(self, writer: asyncio.StreamWriter, frame: bytes, pieces: list[bytes]) -> None:
         async with self._write_lock:
             writer.write(frame)
+            self._tx_queued += len(frame)
             for piece in pieces:
                 view = memoryview(piece)
                 for start in range(0, len(view), CHUNK_BYTES):
-                    writer.write(view[start : start + CHUNK_BYTES])
+                    chunk = view[start : start + CHUNK_BYTES]
+                    writer.write(chunk)
+                    self._tx_queued += len(chunk)
                     await writer.drain()
 
     def _write_done(self, task: asyncio.Task[None]) -> None:
@@ -398,28 +409,45 @@ class ToolConnection:
             return
         self._watchdog = asyncio.create_task(self._watch_liveness(), name=f"raas-liveness-{self.socket_path}")
 
+    def _bytes_taken(self) -> int:
+        """Request bytes the server's socket has taken so far (queued minus still buffered; pings' excluded)."""
+        writer = self._writer
+        return self._tx_queued - (writer.transport.get_write_buffer_size() if writer is not None else 0)
+
     async def _watch_liveness(self) -> None:
-        """Ping while calls are in flight; a server that stops answering fails them all, fast."""
+        """Ping while calls are in flight; a server that stops answering fails them all, fast.
+
+        The ping's whole round trip is timed, its send too: behind a large upload it waits for the write
+        lock, and a server that stopped reading mid-upload would otherwise hold it (and the upload) forever.
+        A ping that times out while bytes still move either way (a long download arriving, a long upload
+        being read) is not a death."""
         while self._calls > 0 and self.connected:
             await asyncio.sleep(self.liveness_interval_s)
             if self._calls <= 0 or not self.connected:
                 return
             sent = asyncio.get_running_loop().time()
+            taken = self._bytes_taken()
             try:
-                await self.request("server", "ping", wait_s=self.liveness_timeout_s)
+                async with asyncio.timeout(self.liveness_timeout_s):
+                    await self.request("server", "ping", wait_s=self.liveness_timeout_s)
+                continue
+            except TimeoutError:
+                pass
             except RaasError as exc:
                 if exc.kind != "tool_timeout":
                     return  # the connection broke: the read loop already failed every call
-                if self._last_rx > sent:
-                    continue  # the answer waits behind a large attachment that is still arriving
-                self._declare_dead(
-                    RaasError(
-                        f"the tool server stopped answering: no reply to a liveness ping within "
-                        f"{self.liveness_timeout_s:g}s (stopped, frozen or overloaded)",
-                        kind="sandbox_dead",
-                    )
+            if not self.connected:
+                return  # the connection broke meanwhile: every call has failed already
+            if self._last_rx > sent or self._bytes_taken() > taken:
+                continue  # the answer waits behind a large attachment that is still moving
+            self._declare_dead(
+                RaasError(
+                    f"the tool server stopped answering: no reply to a liveness ping within "
+                    f"{self.liveness_timeout_s:g}s (stopped, frozen or overloaded)",
+                    kind="sandbox_dead",
                 )
-                return
+            )
+            return
 
     def _declare_dead(self, error: RaasError) -> None:
         self._dead = error

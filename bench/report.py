@@ -415,6 +415,30 @@ def swe() -> str:
     return note + "\n\n" + _table(header, rows)
 
 
+FLOOR_ROWS = {
+    "python_bare_service": "`python -S -c pass`, the service's interpreter (what `local` runs)",
+    "python_bare_distribution": "`python3 -S -c pass`, Debian's (an image's)",
+    "bwrap_true": "`bwrap` (image read-only, every namespace unshared) running `/bin/true`",
+    "apptainer_true": "`apptainer exec` with raas's flags running `/bin/true`",
+    "bash_true": "`bash -c true`",
+}
+
+
+def floors() -> str:
+    data = _load("floors.json")
+    if not data:
+        return ""
+    got = data["floors"]
+
+    def ms(v: float) -> str:
+        return f"{v:.3g} ms" if v < 100 else f"{v:.0f} ms"
+
+    rows = [
+        [label, ms(got[k]["cpu_ms"]), ms(got[k]["wall_ms"])] for k, label in FLOOR_ROWS.items() if k in got
+    ]
+    return _table(["floor", "CPU", "wall"], rows)
+
+
 def main() -> None:
     sections = [
         tools_latency(),
@@ -428,6 +452,7 @@ def main() -> None:
         gateway(),
         dapo(),
         swe(),
+        floors(),
     ]
     print("\n\n".join(s for s in sections if s))
 

@@ -23,7 +23,7 @@ LLAMA_STAMP := $(VENV)/.llama-cpp-$(LLAMA_TAG)
 LLAMA_WHEELS := $(VENV)/llama-wheels-$(LLAMA_TAG)
 VENV_STAMP := $(VENV)/.venv-ready
 DEPS_STAMP := $(VENV)/.deps-installed
-# The install runs as a small graph, two branches at once: llama.cpp's source build (~6 min of CPU) goes
+# The install runs as a small graph, two branches at once: llama.cpp's source build (~12 min on 2 cores) goes
 # into a wheel dir of its own while the other packages download and the sandbox images build; only then
 # is the wheel installed, so no two pip processes ever write into the venv at the same time.
 INSTALL_JOBS ?= 2

@@ -97,7 +97,16 @@ __raas_in=1 __raas_so=$SHELLOPTS
 """
 
 
-class Paths(tuple):
+class _Record(tuple):
+    """A tuple with named fields (a subclass's properties), without ``collections.namedtuple``'s import."""
+
+    __slots__ = ()
+
+    def __getnewargs__(self) -> tuple:
+        return tuple(self)  # copy and pickle call a subclass's __new__ with the fields
+
+
+class Paths(_Record):
     """Where bash finds the server's descriptors: ``/proc/<server pid>/fd/<n>`` (nothing to delete).
 
     ``command``, ``defs`` (str); ``runner``: a file holding ``\\builtin eval "$__raas_c"``, sourced
@@ -107,9 +116,6 @@ class Paths(tuple):
 
     def __new__(cls, command: str, defs: str, runner: str) -> Paths:
         return tuple.__new__(cls, (command, defs, runner))
-
-    def __getnewargs__(self) -> tuple:
-        return tuple(self)  # copy and pickle call __new__ with the fields
 
     @property
     def command(self) -> str:
@@ -194,7 +200,7 @@ def needs_runner(command: str) -> bool:
     return False
 
 
-class ShellState(tuple):
+class ShellState(_Record):
     """What the previous report said about the shell, which the next command line restores.
 
     * ``status`` (int): ``$?`` for the next command.
@@ -209,9 +215,6 @@ class ShellState(tuple):
 
     def __new__(cls, status: int = 0, flags: str = "", saved: str = "1") -> ShellState:
         return tuple.__new__(cls, (status, flags, saved))
-
-    def __getnewargs__(self) -> tuple:
-        return tuple(self)  # copy and pickle call __new__ with the fields
 
     @property
     def status(self) -> int:
@@ -310,7 +313,7 @@ def probe_line(seq: int, nonce: str, paths: Paths) -> bytes:
     return line.encode("ascii")
 
 
-class Report(tuple):
+class Report(_Record):
     """One report: ``nonce`` (str), ``seq``, ``status`` (int), ``flags``, ``saved`` (see
     :class:`ShellState`), ``cwd``; ``prompt``: the user's expanded PS1 (probe reports only: the prompt
     bash printed after an aborted command); ``prompt0``: the user's expanded PS0 (probe reports only:
@@ -322,9 +325,6 @@ class Report(tuple):
         cls, nonce: str, seq: int, status: int, flags: str, saved: str, cwd: str, prompt: str, prompt0: str
     ) -> Report:
         return tuple.__new__(cls, (nonce, seq, status, flags, saved, cwd, prompt, prompt0))
-
-    def __getnewargs__(self) -> tuple:
-        return tuple(self)  # copy and pickle call __new__ with the fields
 
     @property
     def nonce(self) -> str:

@@ -79,9 +79,7 @@ image: $(DEPS_STAMP)
 
 # The tests' own image (scripts/run-tests.sh builds it too, a no-op once cached), built during the install.
 test-image: $(DEPS_STAMP)
-	if [ "$$(id -u)" = 0 ] && command -v debootstrap >/dev/null 2>&1; then \
-	  $(BIN)/python -c 'from tests.conftest import TEST_IMAGE_SPEC as s; from raas.sandbox.images import build_rootfs; print("test image:", build_rootfs(s))'; \
-	fi
+	bash scripts/build-test-image.sh
 
 install-steps: $(STAMP) image
 

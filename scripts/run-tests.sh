@@ -16,9 +16,7 @@ if [ -n "${RAAS_UNPRIV_USER:-}" ] && [ "$(id -u)" = 0 ] && id "$RAAS_UNPRIV_USER
   while [ "$d" != / ]; do chmod o+x "$d" 2>/dev/null || true; d=$(dirname "$d"); done
 fi
 # Build the shared test image up front (once; cached across runs) so no test's time limit pays for it.
-if [ "$(id -u)" = 0 ] && command -v debootstrap >/dev/null 2>&1; then
-  .venv/bin/python -c 'from tests.conftest import TEST_IMAGE_SPEC as s; from raas.sandbox.images import build_rootfs; print("test image:", build_rootfs(s))'
-fi
+bash scripts/build-test-image.sh
 # --durations: where the suite spends its time shows in every CI log.
 .venv/bin/pytest -p no:cacheprovider --durations=25 "$@"
 if [ -n "$unpriv" ]; then

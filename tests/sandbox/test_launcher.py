@@ -23,6 +23,10 @@ pytestmark = pytest.mark.integration
 WAIT_THREADS = ("raas-wait-", "asyncio-waitpid-")
 
 
+def waiting_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(WAIT_THREADS)]
+
+
 def fd_kinds() -> dict[str, int]:
     return {"pidfd": open_fds(PIDFD), "pipe": open_fds("pipe:")}
 
@@ -109,7 +113,7 @@ async def test_live_sandboxes_hold_no_thread_each(tmp_path: Path, exit_watch: st
         base = threading.active_count()
         more = [await manager.start(cfg, owner="test") for _ in range(8)]
         added = threading.active_count() - base
-        waiting = [t.name for t in threading.enumerate() if t.name.startswith(WAIT_THREADS)]
+        waiting = waiting_threads()
         if exit_watch == "pidfd":
             assert not waiting
             assert added < 8  # (a pool may have grown by a worker)
@@ -123,8 +127,8 @@ async def test_live_sandboxes_hold_no_thread_each(tmp_path: Path, exit_watch: st
     finally:
         await manager.close_all()
     for _ in range(100):  # fallback threads end once their process is reaped
-        if not [t for t in threading.enumerate() if t.name.startswith(WAIT_THREADS)]:
+        if not waiting_threads():
             break
         await asyncio.sleep(0.05)
-    assert not [t.name for t in threading.enumerate() if t.name.startswith(WAIT_THREADS)]
+    assert not waiting_threads()
     assert fd_kinds()["pidfd"] == 0

@@ -3,7 +3,7 @@
 against the layer order, lowest first:
 
     raas.errors, raas.core  →  raas.toolserver  →  raas.sandbox, raas.llm  →  raas.agent  →  raas.gateway
-    →  raas.tasks  →  raas.pipeline  →  raas.api  →  raas.cluster  →  raas.cli
+    →  raas.tasks  →  raas.pipeline  →  raas.api  →  raas.cluster  →  raas.learn  →  raas.cli
 
 ``raas.toolserver`` runs inside sandboxes and imports nothing from raas; ``raas.trainer`` is an HTTP client
 and imports only ``raas.errors`` and ``raas.core``; packages on the same tier (``sandbox``, ``llm``) do not
@@ -34,6 +34,7 @@ TIERS: list[set[str]] = [
     {"api"},
     {"cluster"},
     {"trainer"},
+    {"learn"},  # the reference trainer: owns a model and its inference server, samples through raas
     {"cli"},
 ]
 ONLY: dict[str, set[str]] = {
@@ -51,7 +52,7 @@ def allowed(package: str) -> set[str]:
     for i, tier in enumerate(TIERS):
         if package in tier:
             below = set().union(*TIERS[:i])
-            return below - {"trainer"} if package != "cli" else below
+            return below - {"trainer"} if package not in ("learn", "cli") else below
     raise AssertionError(f"raas.{package} is in no layer: add it to TIERS in {__file__}")
 
 

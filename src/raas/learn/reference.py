@@ -1,0 +1,468 @@
+"""The reference trainer: GRPO with DAPO dynamic sampling, a policy that really learns through raas.
+
+One loop, readable in one sitting, that a researcher can copy into their own trainer:
+
+1. **Rollouts.** :class:`~raas.trainer.dapo.DynamicSampler` keeps groups running on the raas service and
+   returns ``target_groups`` informative groups (reward variance); with ``carry_over`` the rest keeps
+   running while the trainer trains (asynchronous), without it the rest is cancelled and the trainer and
+   the rollouts take turns (generate-then-train).
+2. **Batch.** :func:`~raas.trainer.grpo.assemble_batch`: token-exact prompt/response IDs, the loss mask
+   (1 only on sampled tokens; tool observations and template tokens are 0), the rollout log-probs and the
+   group-relative advantages. Stale turns from carried-over groups are masked or kept as
+   ``mask_stale_turns`` says.
+3. **Update.** One AdamW step on the DAPO loss (:mod:`raas.trainer.policy_loss`): importance ratio
+   against the rollout log-probs, clip-higher, token-level mean, KL-free by default.
+4. **Weight sync.** The new weights are written as a GGUF while rollouts still run, then raas pauses every
+   inference call, the llama.cpp server restarts with the new file, the next weight version is stamped,
+   and raas resumes (:class:`~raas.trainer.llama_sync.LlamaWeightSync`).
+5. **Diagnostics.** Every step logs reward, pass rate, informative fraction, response length, the
+   rollout-vs-trainer log-prob mismatch on sampled tokens, the trainer's idle time, sync time and
+   tokens/s; every ``eval_every`` steps the held-out pass rate. JSONL + a PNG learning curve.
+
+It trains the embedded SmolLM2-135M-Instruct on the CPU (CUDA when present) — the same loop runs any
+llama-architecture GGUF.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from raas.errors import RaasError
+from raas.learn.llama_sync import LlamaWeightSync
+from raas.tasks.datasets import load_dataset
+from raas.trainer.dapo import DynamicSampler, StepStats
+from raas.trainer.grpo import Batch
+from raas.trainer.hf_weights import TensorType, load_policy
+from raas.trainer.policy_loss import LossConfig, TorchBatch, dapo_loss, response_logprobs
+from raas.trainer.rollout import FailurePolicy, RolloutClient
+from raas.trainer.train_log import TrainLog, plot_learning_curve
+from raas.trainer.types import Group, JobResult, is_valid, version_number
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run depends on; ``raas train --help`` shows each as an option."""
+
+    train_data: str = "builtin:addition:train"
+    eval_data: str = "builtin:addition:test"
+    steps: int = 40
+    group_size: int = 8
+    target_groups: int = 8
+    max_inflight_groups: int = 12
+    carry_over: bool = True
+    max_staleness: int = 1
+    mask_stale_turns: bool = False
+    """False: carried-over turns of the previous policy are trained on, corrected by the importance
+    ratio against their own rollout log-probs (and clipped); True: their tokens get loss 0."""
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch_rows: int = 16
+    loss: LossConfig = field(default_factory=LossConfig)
+    std_normalize: bool = True
+    """GRPO's advantage normalization by the group's reward std (False: Dr. GRPO's mean-centring only)."""
+    temperature: float = 1.0
+    max_tokens: int = 32
+    """Tokens per model turn."""
+    max_prompt_len: int = 256
+    max_response_len: int = 64
+    """Longer rows are kept with loss 0 (DAPO's overlong masking) and counted in ``overlong``."""
+    eval_every: int = 10
+    eval_samples: int = 4
+    """Samples per held-out problem (temperature ``temperature``): the pass rate is their mean reward."""
+    model: str | None = None
+    """A llama-architecture GGUF; None: the embedded SmolLM2-135M-Instruct."""
+    tensor_type: TensorType = "f16"
+    slots: int = 8
+    context_per_slot: int = 1024
+    server: str | None = None
+    """A running raas service to use (its inference servers are replaced by this trainer's); None: one in
+    this process."""
+    device: str | None = None
+    """``cpu``, ``cuda``; None: CUDA when present."""
+    torch_threads: int | None = None
+    max_wall_s: float | None = None
+    """Start no new step after this many seconds (then the last evaluation runs): a time budget."""
+    seed: int = 0
+    out_dir: str = "train-out"
+    progress: bool = True
+
+    def validate(self) -> None:
+        for name in ("steps", "group_size", "target_groups", "max_inflight_groups", "micro_batch_rows"):
+            if getattr(self, name) < 1:
+                raise RaasError(f"{name} must be >= 1", kind="bad_request")
+        if self.group_size < 2:
+            raise RaasError("group_size must be >= 2: GRPO needs a group to compare with", kind="bad_request")
+        if not (self.lr > 0 and self.max_tokens > 0 and self.max_response_len > 0):
+            raise RaasError("lr, max_tokens and max_response_len must be > 0", kind="bad_request")
+        if self.eval_every < 0 or self.eval_samples < 1:
+            raise RaasError("eval_every must be >= 0 and eval_samples >= 1", kind="bad_request")
+
+
+@dataclass
+class TrainSummary:
+    steps: int
+    wall_s: float
+    evals: list[dict[str, Any]]
+    log_path: str
+    plot_path: str | None
+
+
+def _forever(items: list[dict[str, Any]], seed: int) -> Iterator[dict[str, Any]]:
+    """Epochs of the training set, each shuffled anew (a data loader's order)."""
+    rng = random.Random(seed)
+    while True:
+        order = list(items)
+        rng.shuffle(order)
+        yield from order
+
+
+def used_tool(result: JobResult) -> bool:
+    """Whether a rollout called a tool: any tool message in its conversation."""
+    return any(m.role == "tool" for m in result.messages)
+
+
+async def evaluate(
+    url: str, problems: list[dict[str, Any]], samples: int, sampling: dict[str, Any]
+) -> dict[str, Any]:
+    """Held-out pass rate: every problem ``samples`` times with the current policy, mean reward of the
+    valid results (a filtered result is an infrastructure failure: counted, never a 0)."""
+    results: list[JobResult] = []
+    started = time.monotonic()
+    policy = FailurePolicy(resubmit=True, min_group_size=1)
+    async with RolloutClient(url, policy=policy, run_id="eval" + str(int(started))) as client:
+        groups = [client.new_group(p, samples, sampling_params=sampling) for p in problems]
+        await client.submit_groups(groups)
+        for _ in groups:
+            g = await client.next_group()
+            results.extend(g.samples)
+    valid = [r for r in results if is_valid(r)]
+    rewards = [float(r.reward) for r in valid if r.reward is not None]
+    return {
+        "pass_rate": statistics.fmean(rewards) if rewards else 0.0,
+        "tool_call_fraction": statistics.fmean(used_tool(r) for r in valid) if valid else 0.0,
+        "rollouts": len(valid),
+        "filtered": len(problems) * samples - len(valid),
+        "eval_s": time.monotonic() - started,
+    }
+
+
+@contextlib.asynccontextmanager
+async def rollout_service(cfg: TrainConfig, llm_url: str) -> AsyncIterator[str]:
+    """The raas service the trainer samples from: ``cfg.server`` pointed at this trainer's inference
+    server, or one in this process."""
+    if cfg.server is not None:
+        async with RolloutClient(cfg.server) as c:
+            await c.assign_llm_servers([llm_url], weight_version="0")
+        yield cfg.server
+        return
+    from raas.cli.inprocess import service_in_process
+    from raas.llm.models import prepare_tokenizer
+    from raas.pipeline.config import ServiceConfig
+
+    with tempfile.TemporaryDirectory(prefix="raas-train-") as state:
+        config = ServiceConfig(
+            state_dir=Path(state),
+            llm_servers=[llm_url],
+            tokenizer_dir=prepare_tokenizer(),
+            run_workers=cfg.slots,
+            max_pending=4096,
+            shutdown_grace_s=0.0,
+            default_timeout_s=900,
+        )
+        async with service_in_process(config) as url:
+            yield url
+
+
+class Trainer:
+    """The model, its optimizer and one step of the loop; :func:`train` drives it."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        from raas.llm.models import default_gguf_path
+
+        self.gguf = Path(cfg.model) if cfg.model else default_gguf_path()
+        model: Any = load_policy(self.gguf)
+        self.model: Any = model.to(self.device)
+        self.pad_id = int(model.config.eos_token_id or 0)
+        self.ref_model: Any = copy.deepcopy(model) if cfg.loss.kl_coef else None
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay
+        )
+
+    def update(self, batch: Batch, fresh_rows: list[bool]) -> dict[str, Any]:
+        """One optimizer step on ``batch``; returns the loss statistics and the log-prob mismatch, the
+        latter both over all rows and over rows sampled entirely by the current weights."""
+        cfg = self.cfg
+        tb = TorchBatch.from_batch(batch, self.device)
+        total = float(tb.loss_mask.sum().item())
+        if total == 0:
+            return {"loss": 0.0, "trained_tokens": 0}
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, stats_acc, diffs, fresh_diffs = 0.0, [], [], []
+        for start in range(0, batch.size, cfg.micro_batch_rows):
+            mb = tb.rows(slice(start, start + cfg.micro_batch_rows))
+            if mb.loss_mask.sum() == 0:
+                continue
+            logprobs = response_logprobs(self.model, mb, cfg.temperature)
+            ref = None
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref = response_logprobs(self.ref_model, mb, cfg.temperature)
+            loss, stats = dapo_loss(logprobs, mb, cfg.loss, ref_logprobs=ref, total_tokens=total)
+            loss.backward()
+            loss_sum += float(loss.item())
+            stats_acc.append((float(mb.loss_mask.sum()), stats))
+            sampled = mb.loss_mask.bool()
+            d = (logprobs.detach() - mb.rollout_logprobs).abs()
+            diffs.append(d[sampled])
+            rows_fresh = torch.tensor(fresh_rows[start : start + cfg.micro_batch_rows], device=self.device)
+            fresh_diffs.append(d[sampled & rows_fresh.unsqueeze(1)])
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        self.model.eval()
+        weights = sum(w for w, _ in stats_acc) or 1.0
+        out: dict[str, Any] = {
+            k: sum(w * s[k] for w, s in stats_acc) / weights
+            for k in ("ratio_mean", "clip_fraction", "approx_kl")
+        }
+        out["ratio_max"] = max((s["ratio_max"] for _, s in stats_acc), default=1.0)
+        all_d = torch.cat(diffs) if diffs else torch.zeros(0)
+        fresh_d = torch.cat(fresh_diffs) if fresh_diffs else torch.zeros(0)
+        out.update(
+            loss=loss_sum,
+            grad_norm=float(grad_norm),
+            trained_tokens=int(total),
+            logprob_abs_diff_mean=float(all_d.mean()) if all_d.numel() else None,
+            logprob_abs_diff_max=float(all_d.max()) if all_d.numel() else None,
+            fresh_logprob_abs_diff_mean=float(fresh_d.mean()) if fresh_d.numel() else None,
+            fresh_logprob_abs_diff_max=float(fresh_d.max()) if fresh_d.numel() else None,
+        )
+        return out
+
+
+def fresh_rows(batch: Batch, groups: list[Group], version: int) -> list[bool]:
+    """Per batch row: True when every turn was sampled by weight version ``version`` (the trainer's
+    current weights), so its log-prob mismatch measures the engines alone, not a policy change."""
+    by_job = {r.job_id: r for g in groups for r in g.samples}
+    out = []
+    for job_id in batch.job_ids:
+        turns = by_job[job_id].turns
+        out.append(all(version_number(t.weight_version) == version for t in turns))
+    return out
+
+
+def step_record(stats: StepStats, judged: list[Group], batch: Batch) -> dict[str, Any]:
+    """The rollout side of one step's log line."""
+    rewards = [x for g in judged for x in g.rewards]
+    samples = [r for g in judged for r in g.samples]
+    sampled_lengths = [int(m.sum()) for m in (batch.loss_mask > 0)] if batch.size else []
+    return {
+        "reward_mean": statistics.fmean(rewards) if rewards else None,
+        "pass_rate": statistics.fmean(x >= 1.0 for x in rewards) if rewards else None,
+        "tool_call_fraction": statistics.fmean(used_tool(r) for r in samples) if samples else None,
+        "judged_groups": len(judged),
+        "informative_fraction": stats.informative_fraction,
+        "accepted_groups": stats.accepted_groups,
+        "uninformative_groups": stats.uninformative_groups,
+        "stale_dropped_groups": stats.stale_dropped_groups,
+        "failed_groups": stats.failed_groups,
+        "carried_in_groups": stats.carried_in_groups,
+        "carried_over_groups": stats.carried_over_groups,
+        "rollouts_wasted": stats.rollouts_wasted,
+        "filtered": stats.failures.get("filtered", 0),
+        "staleness": {str(k): v for k, v in sorted(stats.staleness.items())},
+        "rows": batch.size,
+        "overlong_rows": int(batch.overlong.sum()),
+        "response_len_mean": statistics.fmean(sampled_lengths) if sampled_lengths else None,
+        "rollout_tokens": sum(sum(len(t.output_ids) for t in r.turns) for r in samples),
+    }
+
+
+async def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None = None) -> TrainSummary:
+    """Run ``cfg.steps`` steps; every record also goes to ``on_step`` (tests, benchmarks)."""
+    cfg.validate()
+    torch.manual_seed(cfg.seed)
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    train_set = load_dataset(cfg.train_data)
+    eval_set = load_dataset(cfg.eval_data) if cfg.eval_every else []
+    out_dir = Path(cfg.out_dir)
+    await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
+    trainer = await asyncio.to_thread(Trainer, cfg)
+    sampling = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "top_p": 1.0, "top_k": 0}
+    started = time.monotonic()
+    evals: list[dict[str, Any]] = []
+    judged: list[Group] = []
+
+    def accept(group: Group) -> bool:
+        judged.append(group)
+        return group.informative
+
+    with TrainLog(out_dir / "train.jsonl") as log:
+
+        def record(rec: dict[str, Any]) -> None:
+            log.write(rec)
+            if on_step is not None:
+                on_step(rec)
+
+        async with contextlib.AsyncExitStack() as stack:
+            sync = LlamaWeightSync(
+                trainer.model,
+                template=trainer.gguf,
+                parallel=cfg.slots,
+                ctx_per_slot=cfg.context_per_slot,
+                tensor_type=cfg.tensor_type,
+            )
+            llm_url = (await stack.enter_async_context(sync)).url
+            url = await stack.enter_async_context(rollout_service(cfg, llm_url))
+            client = await stack.enter_async_context(RolloutClient(url, run_id="train"))
+            await client.set_weight_version("0")
+            progress = stack.enter_context(_Progress(cfg.steps, cfg.progress))
+
+            async def run_eval(step: int) -> None:
+                result = await evaluate(url, eval_set, cfg.eval_samples, sampling)
+                result.update(kind="eval", step=step, wall_s=time.monotonic() - started)
+                evals.append(result)
+                record(result)
+                progress.note(f"held-out pass {result['pass_rate']:.0%}")
+
+            if eval_set:
+                await run_eval(0)
+            sampler = DynamicSampler(
+                client,
+                _forever(train_set, cfg.seed),
+                group_size=cfg.group_size,
+                target_groups=cfg.target_groups,
+                max_inflight_groups=cfg.max_inflight_groups,
+                carry_over=cfg.carry_over,
+                max_staleness=cfg.max_staleness,
+                sampling_params=sampling,
+                mask_stale_turns=cfg.mask_stale_turns,
+                accept=accept,
+            )
+            stack.push_async_callback(sampler.close)
+            steps_done = 0
+            for step in range(cfg.steps):
+                step_started = time.monotonic()
+                judged.clear()
+                groups, stats = await sampler.next_step()
+                batch = sampler.assemble(
+                    groups,
+                    trainer.pad_id,
+                    cfg.max_prompt_len,
+                    cfg.max_response_len,
+                    std_normalize=cfg.std_normalize,
+                )
+                rec: dict[str, Any] = {
+                    "kind": "step",
+                    "step": step + 1,
+                    "policy_version": sampler.policy_version,
+                }
+                rec.update(step_record(stats, judged, batch))
+                train_started = time.monotonic()
+                fresh = fresh_rows(batch, groups, sampler.policy_version)
+                rec.update(await asyncio.to_thread(trainer.update, batch, fresh))
+                train_s = time.monotonic() - train_started
+                write_s = await sync.write()  # rollouts (carry-over) keep running meanwhile
+                sync_started = time.monotonic()
+                restart_s = 0.0
+
+                async def restart() -> None:
+                    nonlocal restart_s
+                    restart_s = await sync.restart()
+
+                await sampler.update_weights(restart)
+                pause_s = time.monotonic() - sync_started
+                step_s = time.monotonic() - step_started
+                rec.update(
+                    wait_s=stats.time_waiting_s,
+                    train_s=train_s,
+                    sync_s=write_s + pause_s,
+                    sync_write_s=write_s,
+                    sync_pause_s=pause_s,
+                    sync_restart_s=restart_s,
+                    step_s=step_s,
+                    idle_fraction=stats.time_waiting_s / step_s if step_s else 0.0,
+                    train_tokens_per_s=rec.get("trained_tokens", 0) / train_s if train_s else 0.0,
+                    rollout_tokens_per_s=rec["rollout_tokens"] / step_s if step_s else 0.0,
+                    wall_s=time.monotonic() - started,
+                )
+                record(rec)
+                progress.advance(rec)
+                out_of_time = cfg.max_wall_s is not None and time.monotonic() - started >= cfg.max_wall_s
+                last = step + 1 == cfg.steps or out_of_time
+                if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or last):
+                    await run_eval(step + 1)
+                if last:
+                    steps_done = step + 1
+                    break
+    wall = time.monotonic() - started
+    plot = None
+    with contextlib.suppress(ImportError):
+        plot = str(plot_learning_curve(log.path, out_dir / "learning_curve.png"))
+    (out_dir / "config.json").write_text(_config_json(cfg), encoding="utf-8")
+    return TrainSummary(steps=steps_done, wall_s=wall, evals=evals, log_path=str(log.path), plot_path=plot)
+
+
+def _config_json(cfg: TrainConfig) -> str:
+    import json
+
+    return json.dumps(asdict(cfg), indent=1, sort_keys=True)
+
+
+class _Progress:
+    """A rich progress bar over steps (silent when ``enabled`` is False)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total = total
+        self.enabled = enabled
+        self._bar: Any = None
+        self._task: Any = None
+        self._note = ""
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(
+                TextColumn("step {task.completed}/{task.total}"),
+                BarColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+            )
+            self._bar.start()
+            self._task = self._bar.add_task("", total=self.total)
+        return self
+
+    def note(self, text: str) -> None:
+        self._note = text
+        if self._bar is not None:
+            self._bar.update(self._task, description=text)
+
+    def advance(self, rec: dict[str, Any]) -> None:
+        if self._bar is None:
+            return
+        reward = rec.get("reward_mean")
+        desc = (
+            f"reward {reward:.2f} | " if reward is not None else ""
+        ) + f"wait {rec['wait_s']:.0f}s train {rec['train_s']:.0f}s sync {rec['sync_s']:.1f}s | {self._note}"
+        self._bar.update(self._task, advance=1, description=desc)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()

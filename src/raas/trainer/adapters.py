@@ -7,7 +7,9 @@ returns plain containers with the same keys, so the conversion is usable (and te
   ``responses``, ``input_ids``, ``attention_mask``, ``position_ids``, ``response_mask`` (verl's name for the
   loss mask of multi-turn rollouts), ``rollout_log_probs``, ``token_level_scores`` / ``token_level_rewards``
   / ``rm_scores`` (the reward on the last response token), ``advantages`` and ``returns`` — and
-  ``non_tensor_batch["uid"]`` (the group id, which verl's GRPO groups by).
+  ``non_tensor_batch["uid"]`` (the group id, which verl's GRPO groups by) and
+  ``non_tensor_batch["multi_modal_inputs"]`` (empty dicts: verl's fit loop reads it for every batch).
+  tests/trainer/test_verl_contract.py runs verl's own code on this output.
 * :func:`to_nemo_rl`: NeMo RL's message-log form: per sample a list of messages, each with its own
   ``token_ids`` (the prompt, then alternating ``assistant`` runs of sampled tokens, with
   ``generation_logprobs``, and ``environment`` runs of tokens added between turns), ``token_loss_mask``
@@ -32,12 +34,15 @@ def _installed(module: str) -> bool:
 
 
 def _last_token_scores(batch: Batch) -> np.ndarray:
-    """``[B, R]``: each row's reward on its last response token (verl's token-level score layout)."""
+    """``[B, R]``: each row's reward on its last response token (verl's token-level score layout).
+
+    A row with an empty response keeps its reward too, in the last column: verl's agent loop writes
+    ``rm_scores[b, response_length - 1]``, which is index -1 there. Every outcome estimator of verl sums a
+    row's ``token_level_rewards``, so a reward left out would leave that row out of its group's baseline."""
     scores = np.zeros(batch.loss_mask.shape, dtype=np.float32)
     lengths = batch.response_attention_mask.sum(axis=1)
     for b, n in enumerate(lengths):
-        if n > 0:
-            scores[b, int(n) - 1] = batch.rewards[b]
+        scores[b, int(n) - 1 if n > 0 else -1] = batch.rewards[b]
     return scores
 
 
@@ -59,7 +64,15 @@ def verl_arrays(batch: Batch) -> tuple[dict[str, np.ndarray], dict[str, np.ndarr
         "returns": batch.advantages.copy(),
     }
     groups = np.array([batch.group_ids[g] for g in batch.group_index], dtype=object)
-    non_tensors = {"uid": groups, "raas_job_id": np.array(batch.job_ids, dtype=object)}
+    # verl's fit loop reads non_tensor_batch["multi_modal_inputs"] unconditionally (one dict per row, empty
+    # for text; its agent loop always sets it): without the key the step fails with a KeyError.
+    multi_modal = np.empty(batch.size, dtype=object)
+    multi_modal[:] = [{} for _ in range(batch.size)]
+    non_tensors = {
+        "uid": groups,
+        "raas_job_id": np.array(batch.job_ids, dtype=object),
+        "multi_modal_inputs": multi_modal,
+    }
     return tensors, non_tensors
 
 
@@ -135,7 +148,8 @@ def to_nemo_rl(batch: Batch) -> Any:
                         m[key] = torch.from_numpy(np.ascontiguousarray(m[key]))
         for key in ("total_reward", "loss_multiplier", "length"):
             data[key] = torch.from_numpy(data[key])
-    if _installed("nemo_rl"):
+    # The module itself, not the package: PyPI's only `nemo-rl` (0.0.0) is an empty placeholder package.
+    if _installed("nemo_rl.distributed.batched_data_dict"):
         from nemo_rl.distributed.batched_data_dict import BatchedDataDict
 
         return BatchedDataDict(data)

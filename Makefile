@@ -48,7 +48,7 @@ $(LLAMA_WHEELS)/.built: | $(VENV_STAMP)
 
 # Everything but llama.cpp (the `embedded` extra).
 $(DEPS_STAMP): pyproject.toml | $(VENV_STAMP)
-	$(BIN)/pip install -q -e '.[dev,swe,trl]'
+	$(BIN)/pip install -q -e '.[dev,swe,trl,train]'
 	# verl's trainer code for tests/trainer/test_verl_contract.py: the `verl` extra, --no-deps (see its comment in
 	# pyproject.toml). Its wheel also installs verl's own top-level `tests` package, which can shadow raas's: removed.
 	$(BIN)/pip install -q --no-deps $$($(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["verl"])')

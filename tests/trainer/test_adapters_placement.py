@@ -3,12 +3,10 @@ placement of inference servers."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
-from raas.trainer.adapters import nemo_rl_message_logs, to_nemo_rl, to_verl, verl_arrays
+from raas.trainer.adapters import nemo_rl_message_logs, to_nemo_rl, verl_arrays
 from raas.trainer.grpo import assemble_batch
 from raas.trainer.placement import plan_llm_assignment
 from tests.trainer.test_grpo import group, result
@@ -35,9 +33,11 @@ def test_verl_fields() -> None:
         assert v.shape[0] == 2
 
 
-@pytest.mark.skipif(importlib.util.find_spec("verl") is not None, reason="verl installed: DataProto path")
-def test_to_verl_without_verl_is_a_plain_dict() -> None:
-    out = to_verl(batch(), meta_info={"step": 3})
+def test_to_verl_without_verl_is_a_plain_dict(monkeypatch: pytest.MonkeyPatch) -> None:
+    import raas.trainer.adapters as adapters
+
+    monkeypatch.setattr(adapters, "_installed", lambda module: module != "verl")  # as if verl were absent
+    out = adapters.to_verl(batch(), meta_info={"step": 3})
     assert set(out) == {"batch", "non_tensor_batch", "meta_info"}
     assert out["meta_info"]["step"] == 3 and out["meta_info"]["raas"]["rows"] == 2
 

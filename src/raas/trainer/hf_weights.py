@@ -45,10 +45,11 @@ def load_policy(gguf_path: str | Path, dtype: torch.dtype | None = None) -> PreT
     model = AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=dtype or torch.float32
     )
-    # The loader leaves the GGUF's quantization marker on the model; the weights are plain floats now.
-    setattr(model, "hf_quantizer", None)  # noqa: B010 (typed as a module attribute)
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+    # The loader leaves the GGUF's quantization markers on the model (the weights are plain floats now):
+    # without this, transformers' Trainer (and TRL) refuse to train "a purely quantized model".
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
     model.eval()
     return model
 

@@ -43,7 +43,7 @@ class TorchBatch:
         """The batch's tensors without the columns that are padding in every row: a batch is laid out for
         the longest prompt and response allowed, a forward pass needs only the longest present."""
         P = batch.prompt_len
-        real = batch.attention_mask.any(axis=0)
+        real: np.ndarray = np.asarray(batch.attention_mask.any(axis=0))
         first = int(np.argmax(real[:P])) if real[:P].any() else P - 1
         first = min(first, P - 1)  # the last prompt column predicts the first response token
         r_used = int(np.nonzero(real[P:])[0].max()) + 1 if real[P:].any() else 1

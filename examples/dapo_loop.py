@@ -7,9 +7,13 @@ service with ``--server``), then for a few steps:
    sometimes, so some groups have reward variance and others are filtered) with the asynchronous
    :class:`~raas.trainer.dapo.DynamicSampler`;
 2. assembles the GRPO batch (numpy arrays) and converts it for verl;
-3. "trains" (here: nothing; a real trainer runs its optimizer step on the batch), then simulates the weight
-   update: pause every service (running turns finish), "load" the new weights, stamp the next weight
-   version on the inference servers, resume. With carry-over, unfinished groups keep running through it.
+3. hands the batch to a trainer (here: none — this example shows the sampling side alone), then goes
+   through the weight update: pause every service (running turns finish), "load" new weights, stamp the
+   next weight version on the inference servers, resume. With carry-over, unfinished groups keep running
+   through it.
+
+The same loop with a real optimizer step and a real weight sync into llama.cpp is the reference trainer,
+``raas train`` (:mod:`raas.learn.reference`); read that one to see a policy learn.
 
 It prints each step's statistics. Run: ``python examples/dapo_loop.py [--steps 3] [--no-carry-over]``.
 """

@@ -192,15 +192,11 @@ def test_prompts_must_come_in_runs_of_num_generations() -> None:
 
 @pytest.fixture
 def policy() -> Any:
-    """SmolLM2-135M as TRL trains it: the shipped GGUF read by transformers (dequantized to float32)."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    """SmolLM2-135M as TRL trains it: the shipped GGUF read by transformers (dequantized to float32), with
+    the loader's quantization marker removed (Trainer refuses to train a model marked quantized)."""
+    from raas.trainer.hf_weights import load_policy
 
-    gguf = default_gguf_path()
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    # The loader leaves quantization markers on the (now float) model; Trainer refuses to train those.
-    model.hf_quantizer.remove_quantization_config(model)
-    return model
+    return load_policy(default_gguf_path()).train()
 
 
 @pytest.fixture

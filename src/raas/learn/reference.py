@@ -168,9 +168,10 @@ async def rollout_service(cfg: TrainConfig, llm_url: str) -> AsyncIterator[str]:
             await c.assign_llm_servers([llm_url], weight_version="0")
         yield cfg.server
         return
-    from raas.cli.inprocess import service_in_process
+    from raas.api.app import served
     from raas.llm.models import prepare_tokenizer
     from raas.pipeline.config import ServiceConfig
+    from raas.pipeline.service import RolloutService
 
     with tempfile.TemporaryDirectory(prefix="raas-train-") as state:
         config = ServiceConfig(
@@ -182,7 +183,7 @@ async def rollout_service(cfg: TrainConfig, llm_url: str) -> AsyncIterator[str]:
             shutdown_grace_s=0.0,
             default_timeout_s=900,
         )
-        async with service_in_process(config) as url:
+        async with served(RolloutService(config)) as url:  # what `raas serve` runs, on a free local port
             yield url
 
 
@@ -304,7 +305,8 @@ async def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | No
     out_dir = Path(cfg.out_dir)
     await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
     trainer = await asyncio.to_thread(Trainer, cfg)
-    sampling = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens, "top_p": 1.0, "top_k": 0}
+    # raas's defaults for top_k, top_p and min_p are "off": the full distribution, as the loss assumes.
+    sampling = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
     started = time.monotonic()
     evals: list[dict[str, Any]] = []
     judged: list[Group] = []

@@ -68,7 +68,7 @@ def plot_learning_curve(log: str | Path, out: str | Path, title: str = "raas ref
     ax = axes[0][0]
     if evals:
         ax.plot([e["step"] for e in evals], [e["pass_rate"] for e in evals], "o-", label="held-out pass rate")
-        if any(e.get("tool_call_fraction") is not None for e in evals):
+        if any(e.get("tool_call_fraction") for e in evals):
             ax.plot(
                 [e["step"] for e in evals],
                 [e.get("tool_call_fraction") for e in evals],
@@ -89,11 +89,17 @@ def plot_learning_curve(log: str | Path, out: str | Path, title: str = "raas ref
     ax.set_title("training rollouts")
     ax.legend(loc="lower right")
     ax = axes[1][0]
-    ax.plot(xs, [s.get("logprob_abs_diff_mean") for s in steps], label="mean |Δ logprob| (sampled tokens)")
-    ax.plot(xs, [s.get("logprob_abs_diff_max") for s in steps], label="max |Δ logprob|", alpha=0.6)
+    ax.plot(xs, [s.get("logprob_abs_diff_mean") for s in steps], label="mean |Δ|, all rows")
+    ax.plot(xs, [s.get("logprob_abs_diff_max") for s in steps], label="max |Δ|, all rows", alpha=0.5)
+    ax.plot(
+        xs,
+        [s.get("fresh_logprob_abs_diff_mean") for s in steps],
+        "o",
+        label="mean |Δ|, rows sampled by the trainer's weights",
+    )
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.set_xlabel("step")
-    ax.set_title("rollout vs trainer log-probs")
+    ax.set_title("rollout vs trainer log-probs (sampled tokens)")
     ax.legend(loc="upper left")
     ax = axes[1][1]
     ax.stackplot(

@@ -130,8 +130,9 @@ def _forever(items: list[dict[str, Any]], seed: int) -> Iterator[dict[str, Any]]
 
 
 def used_tool(result: JobResult) -> bool:
-    """Whether a rollout called a tool: any tool message in its conversation."""
-    return any(m.role == "tool" for m in result.messages)
+    """Whether the policy called a tool in this rollout: an assistant message it sampled (``output_ids``;
+    a prompt's scripted examples have none) that carries a parsed tool call."""
+    return any(m.role == "assistant" and m.tool_calls and m.output_ids for m in result.messages)
 
 
 async def evaluate(

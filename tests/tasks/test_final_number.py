@@ -61,6 +61,13 @@ def test_instances_and_dataset() -> None:
     for bad in ("builtin:addition:0", f"builtin:addition:{len(ADDITION_PAIRS) + 1}", "builtin:addition:x"):
         with pytest.raises(RaasError):
             load_dataset(bad)
+    # The reference trainer's split: 61 training sums, 20 held out, together all 81, never overlapping.
+    train, test = load_dataset("builtin:addition:train"), load_dataset("builtin:addition:test")
+    assert (len(train), len(test)) == (61, 20) and load_dataset("builtin:addition:test:5") == test[:5]
+    ids = [d["instance_id"] for d in train], [d["instance_id"] for d in test]
+    assert not set(ids[0]) & set(ids[1]) and len(set(ids[0]) | set(ids[1])) == 81
+    with pytest.raises(RaasError):
+        builtin_addition(split="validation")
 
 
 @pytest.mark.integration

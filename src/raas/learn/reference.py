@@ -88,8 +88,8 @@ class TrainConfig:
     slots: int = 8
     context_per_slot: int = 1024
     server: str | None = None
-    """A running raas service to use (its inference servers are replaced by this trainer's); None: one in
-    this process."""
+    """A running raas service to use (its inference servers are replaced by this trainer's, so its
+    tokenizer must be the policy's); None: one in this process."""
     device: str | None = None
     """``cpu``, ``cuda``; None: CUDA when present."""
     torch_threads: int | None = None
@@ -152,7 +152,7 @@ async def evaluate(
     valid = [r for r in results if is_valid(r)]
     rewards = [float(r.reward) for r in valid if r.reward is not None]
     return {
-        "pass_rate": statistics.fmean(rewards) if rewards else 0.0,
+        "pass_rate": statistics.fmean(rewards) if rewards else None,  # all filtered: no verdict, not a 0
         "tool_call_fraction": statistics.fmean(used_tool(r) for r in valid) if valid else 0.0,
         "rollouts": len(valid),
         "filtered": len(problems) * samples - len(valid),
@@ -170,15 +170,22 @@ async def rollout_service(cfg: TrainConfig, llm_url: str) -> AsyncIterator[str]:
         yield cfg.server
         return
     from raas.api.app import served
-    from raas.llm.models import prepare_tokenizer
+    from raas.llm.models import prepare_tokenizer, raas_home
     from raas.pipeline.config import ServiceConfig
     from raas.pipeline.service import RolloutService
 
+    if cfg.model:  # the service templates and tokenizes with the policy's own tokenizer
+        source = Path(cfg.model)
+        tokenizer = await asyncio.to_thread(
+            prepare_tokenizer, source, raas_home() / "models" / source.stem / "tokenizer"
+        )
+    else:
+        tokenizer = await asyncio.to_thread(prepare_tokenizer)
     with tempfile.TemporaryDirectory(prefix="raas-train-") as state:
         config = ServiceConfig(
             state_dir=Path(state),
             llm_servers=[llm_url],
-            tokenizer_dir=prepare_tokenizer(),
+            tokenizer_dir=tokenizer,
             run_workers=cfg.slots,
             max_pending=4096,
             shutdown_grace_s=0.0,
@@ -342,7 +349,8 @@ async def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | No
                 result.update(kind="eval", step=step, wall_s=time.monotonic() - started)
                 evals.append(result)
                 record(result)
-                progress.note(f"held-out pass {result['pass_rate']:.0%}")
+                rate = result["pass_rate"]
+                progress.note("held-out: all filtered" if rate is None else f"held-out pass {rate:.0%}")
 
             if eval_set:
                 await run_eval(0)

@@ -49,6 +49,11 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _series(records: list[dict[str, Any]], key: str) -> list[float]:
+    """One field of every record as floats, a missing or null value as NaN (a gap in the plot)."""
+    return [float(r[key]) if r.get(key) is not None else math.nan for r in records]
+
+
 def read_log(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
@@ -67,11 +72,11 @@ def plot_learning_curve(log: str | Path, out: str | Path, title: str = "raas ref
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     ax = axes[0][0]
     if evals:
-        ax.plot([e["step"] for e in evals], [e["pass_rate"] for e in evals], "o-", label="held-out pass rate")
+        ax.plot([e["step"] for e in evals], _series(evals, "pass_rate"), "o-", label="held-out pass rate")
         if any(e.get("tool_call_fraction") for e in evals):
             ax.plot(
                 [e["step"] for e in evals],
-                [e.get("tool_call_fraction") for e in evals],
+                _series(evals, "tool_call_fraction"),
                 "s--",
                 label="rollouts calling the tool",
             )
@@ -82,18 +87,18 @@ def plot_learning_curve(log: str | Path, out: str | Path, title: str = "raas ref
         ax.legend(loc="lower right")
     ax = axes[0][1]
     xs = [s["step"] for s in steps]
-    ax.plot(xs, [s.get("reward_mean") for s in steps], label="reward mean (all judged groups)")
-    ax.plot(xs, [s.get("informative_fraction") for s in steps], label="informative-group fraction")
+    ax.plot(xs, _series(steps, "reward_mean"), label="reward mean (all judged groups)")
+    ax.plot(xs, _series(steps, "informative_fraction"), label="informative-group fraction")
     ax.set_ylim(0, 1)
     ax.set_xlabel("step")
     ax.set_title("training rollouts")
     ax.legend(loc="lower right")
     ax = axes[1][0]
-    ax.plot(xs, [s.get("logprob_abs_diff_mean") for s in steps], label="mean |Δ|, all rows")
-    ax.plot(xs, [s.get("logprob_abs_diff_max") for s in steps], label="max |Δ|, all rows", alpha=0.5)
+    ax.plot(xs, _series(steps, "logprob_abs_diff_mean"), label="mean |Δ|, all rows")
+    ax.plot(xs, _series(steps, "logprob_abs_diff_max"), label="max |Δ|, all rows", alpha=0.5)
     ax.plot(
         xs,
-        [s.get("fresh_logprob_abs_diff_mean") for s in steps],
+        _series(steps, "fresh_logprob_abs_diff_mean"),
         "o",
         label="mean |Δ|, rows sampled by the trainer's weights",
     )
@@ -104,9 +109,9 @@ def plot_learning_curve(log: str | Path, out: str | Path, title: str = "raas ref
     ax = axes[1][1]
     ax.stackplot(
         xs,
-        [s.get("wait_s", 0.0) for s in steps],
-        [s.get("train_s", 0.0) for s in steps],
-        [s.get("sync_s", 0.0) for s in steps],
+        _series(steps, "wait_s"),
+        _series(steps, "train_s"),
+        _series(steps, "sync_s"),
         labels=["waiting for rollouts", "optimizer step", "weight sync"],
     )
     ax.set_xlabel("step")

@@ -144,8 +144,13 @@ async def run_agent(
     *,
     user_prompt: str,
     system_prompt: str | None = None,
+    examples: Sequence[Message] = (),
 ) -> RunOutput:
     """Run the policy against ``sandbox`` until it finishes or a limit stops it; returns the exact record.
+
+    ``examples`` are a scripted exchange placed between the system and the user message (few-shot: a tiny
+    policy copies a demonstrated tool call far more often than it follows a described one); they are part
+    of the prompt and of ``messages``, never sampled (no ``output_ids``).
 
     Policy-level endings (``finish_tool``, ``no_tool_call``, ``max_turns``, ``context_budget``,
     ``loop_detected``, ``length``) return normally; infrastructure failures (LLM down, sandbox dead) raise
@@ -153,7 +158,12 @@ async def run_agent(
     """
     config = config or llm.agent
     system = system_prompt or ""
-    init_messages = [{"role": "system", "content": system}, {"role": "user", "content": user_prompt}]
+    shots = [m.model_copy(update={"input_ids": [], "output_ids": None, "logprobs": None}) for m in examples]
+    init_messages = [
+        {"role": "system", "content": system},
+        *(_as_chat(m) for m in shots),
+        {"role": "user", "content": user_prompt},
+    ]
     # The chat tokenizer renders the schemas with the template, or injects them into the system message
     # in the Hermes format when the template has no tool support.
     conv = llm.require_tokenizer().conversation(init_messages, tools=tools.schemas)
@@ -161,6 +171,7 @@ async def run_agent(
     st = _State()
     st.add_prompt(list(conv.prompt_ids))
     st.messages.append(Message(role="system", content=system))
+    st.messages.extend(shots)
     st.messages.append(Message(role="user", content=user_prompt, input_ids=list(st.pending_prompt)))
     if st.seq_len() >= config.context_budget:
         raise RaasError(

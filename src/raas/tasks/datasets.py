@@ -278,9 +278,22 @@ def addition_instance(a: int, b: int) -> dict[str, Any]:
     }
 
 
-def builtin_addition(n: int | None = None, *, candidates: bool = False) -> list[dict[str, Any]]:
-    """The first ``n`` (default all) problems of ``builtin:addition``; ``candidates=True``: of all 81."""
-    pairs = ADDITION_CANDIDATES if candidates else ADDITION_PAIRS
+ADDITION_TEST: tuple[tuple[int, int], ...] = ADDITION_CANDIDATES[3::4]
+"""``builtin:addition:test``: 20 of the 81 sums (every 4th), held out from ``builtin:addition:train`` (the
+other 61) for the reference trainer's learning curve (``bench/learning.py``)."""
+
+ADDITION_TRAIN: tuple[tuple[int, int], ...] = tuple(p for p in ADDITION_CANDIDATES if p not in ADDITION_TEST)
+
+
+def builtin_addition(
+    n: int | None = None, *, candidates: bool = False, split: str | None = None
+) -> list[dict[str, Any]]:
+    """The first ``n`` (default all) problems of ``builtin:addition``; ``candidates=True``: of all 81;
+    ``split="train"``/``"test"``: of the training or the held-out sums."""
+    if split is not None and split not in ("train", "test"):
+        raise RaasError(f"builtin:addition has the splits train and test, not {split!r}", kind="bad_request")
+    splits = {"train": ADDITION_TRAIN, "test": ADDITION_TEST}
+    pairs = splits[split] if split else ADDITION_CANDIDATES if candidates else ADDITION_PAIRS
     n = len(pairs) if n is None else n
     if not 1 <= n <= len(pairs):
         raise RaasError(f"builtin:addition size must be in 1..{len(pairs)}, got {n}", kind="bad_request")
@@ -382,18 +395,37 @@ def _builtin_stem(n: int | None = None) -> list[dict[str, Any]]:
     return builtin_stem() if n is None else builtin_stem(n)
 
 
+def _builtin_lookup(n: int | None = None, split: str = "train") -> list[dict[str, Any]]:
+    from raas.tasks.lookup import builtin_lookup
+
+    return builtin_lookup(n, split=split)
+
+
 BUILTINS: dict[str, Callable[..., list[dict[str, Any]]]] = {
     "math": lambda n=None: builtin_math() if n is None else builtin_math(n),
     "humaneval": _builtin_humaneval,
     "stem": _builtin_stem,
     "addition": builtin_addition,
+    "lookup": _builtin_lookup,
 }
 """``builtin:NAME[:N]`` datasets: math (16 by default), humaneval (all 164), stem (16), addition (24 one-digit
-sums the embedded model solves sometimes)."""
+sums the embedded model solves sometimes), lookup (16; read a secret with the bash tool)."""
+
+BUILTIN_SPLITS: dict[str, tuple[str, ...]] = {"lookup": ("train", "test"), "addition": ("train", "test")}
+"""Built-ins with held-out splits, named ``builtin:NAME:SPLIT[:N]``; ``builtin:NAME[:N]`` stays each one's
+default set (lookup: its train split; addition: the 24 sums of :data:`ADDITION_PAIRS`)."""
+
+
+def _size(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError as e:
+        raise RaasError(f"bad size in {name!r}: expected an integer", kind="bad_request") from e
 
 
 def load_dataset(name: str) -> list[dict[str, Any]]:
-    """Resolve a dataset name: ``builtin:NAME`` or ``builtin:NAME:N`` (see :data:`BUILTINS`), or a file."""
+    """Resolve a dataset name: ``builtin:NAME``, ``builtin:NAME:N`` or, for a built-in with splits (see
+    :data:`BUILTIN_SPLITS`), ``builtin:NAME:SPLIT[:N]`` (see :data:`BUILTINS`); else a file."""
     if name.startswith(BUILTIN_PREFIX):
         spec = name[len(BUILTIN_PREFIX) :]
         base, _, size = spec.partition(":")
@@ -401,11 +433,8 @@ def load_dataset(name: str) -> list[dict[str, Any]]:
         if make is None:
             known = ", ".join(f"builtin:{b}[:N]" for b in BUILTINS)
             raise RaasError(f"unknown built-in dataset {name!r} (known: {known})", kind="bad_request")
-        if not size:
-            return make()
-        try:
-            n = int(size)
-        except ValueError as e:
-            raise RaasError(f"bad size in {name!r}: expected an integer", kind="bad_request") from e
-        return make(n)
+        split, _, rest = size.partition(":")
+        if split in BUILTIN_SPLITS.get(base, ()):
+            return make(_size(name, rest), split=split) if rest else make(split=split)
+        return make(_size(name, size)) if size else make()
     return load_file(Path(name).expanduser())

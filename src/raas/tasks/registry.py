@@ -32,6 +32,7 @@ def builtin_handlers() -> dict[str, type[TaskHandler]]:
     from raas.tasks.code import CodeHandler
     from raas.tasks.final_number import FinalNumberHandler
     from raas.tasks.harness import HarnessHandler
+    from raas.tasks.lookup import LookupHandler
     from raas.tasks.math import MathHandler
     from raas.tasks.stem import StemHandler
     from raas.tasks.swe.handler import ALIASES, SweHandler
@@ -42,6 +43,7 @@ def builtin_handlers() -> dict[str, type[TaskHandler]]:
         CodeHandler.name: CodeHandler,
         StemHandler.name: StemHandler,
         HarnessHandler.name: HarnessHandler,
+        LookupHandler.name: LookupHandler,
     }
     handlers.update({alias: CodeHandler for alias in CODE_ALIASES})
     handlers.update(dict.fromkeys((SweHandler.name, *ALIASES), SweHandler))

@@ -12,7 +12,8 @@ filtered: never scored, never shown to the policy. A kind this module does not k
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from http import HTTPStatus
+from typing import Any, Literal, get_args
 
 ErrorKind = Literal[
     # request / input problems
@@ -92,3 +93,26 @@ class RaasError(Exception):
 
     def to_dict(self) -> dict[str, str | None]:
         return {"stage": self.stage, "kind": self.kind, "message": self.message}
+
+
+def error_body(kind: str, message: str, stage: str | None = "api") -> dict[str, Any]:
+    """The HTTP API's one error body (``ErrorBody`` in its OpenAPI schema): ``{"detail": message, "error":
+    {stage, kind, message}}``. Here, at the bottom, so the agent gateway answers its routing errors in the
+    same shape as the API that mounts it."""
+    return {"detail": message, "error": {"stage": stage, "kind": kind, "message": message}}
+
+
+def route_error(status: int, method: str, path: str, detail: str, allowed: str | None = None) -> str:
+    """A routing error's message: what was asked and what exists, instead of Starlette's bare "Not Found" /
+    "Method Not Allowed" (a ``detail`` a route chose itself is kept)."""
+    try:
+        default = detail == HTTPStatus(status).phrase
+    except ValueError:
+        default = False
+    if not default:
+        return detail
+    if status == 404:
+        return f"no route {method} {path}"
+    if status == 405:
+        return f"{method} is not allowed on {path}" + (f" (allowed: {allowed})" if allowed else "")
+    return detail

@@ -95,7 +95,7 @@ def test_run_tiny_dataset_end_to_end(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = json.loads(proc.stdout)  # --json: stdout is the JSON document and nothing else
     assert summary["jobs"] == 4 and summary["status"].get("completed") == 4
     assert summary["scored"] == 4 and 0.0 <= summary["reward_mean"] <= 1.0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -104,7 +104,7 @@ def test_run_tiny_dataset_end_to_end(tmp_path: Path) -> None:
         assert row["status"] == "completed" and row["reward"] in (0.0, 1.0) and row["filter"] is False
         traj = row["token_trajectory"]
         assert traj["response_ids"] and len(traj["loss_mask"]) == len(traj["response_ids"])
-    assert "reward mean" in proc.stderr + proc.stdout
+    assert "reward mean" in proc.stderr  # the table goes to stderr with --json
     assert wait_gone(mark) == []
 
 
@@ -215,8 +215,9 @@ async def test_run_against_a_running_server_scores_with_math_verify(tmp_path: Pa
             )
             stdout, stderr = await asyncio.wait_for(proc.communicate(), 300)
     assert proc.returncode == 0, stderr.decode()[-3000:]
-    summary = json.loads(stdout.decode().strip().splitlines()[-1])
+    summary = json.loads(stdout.decode())  # --json: only the JSON document on stdout
     assert summary["reward_mean"] == 0.5 and summary["pass_rate"] == 0.5
+    assert "pass rate" in stderr.decode()  # the summary table went to stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["reward"] for r in rows] == [1.0, 0.0]
     assert all(r["turns"][0]["output_ids"] == answer.token_ids for r in rows)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import shutil
 import socket
@@ -12,7 +13,7 @@ import pytest
 
 from raas.api.app import listen_socket
 from raas.cli.common import choose_sandbox
-from raas.cli.run import make_jobs, summarize
+from raas.cli.run import make_jobs, report, summarize
 from raas.core.jobs import JobRequest
 
 pytestmark = pytest.mark.unit
@@ -56,6 +57,18 @@ def test_summary_counts_only_unfiltered_rewards() -> None:
     assert s["timing"]["run_s"]["max"] == 9.0 and s["timing"]["run_s"]["p50"] in (2.0, 3.0)
     empty = summarize([])
     assert empty["reward_mean"] is None and math.isnan(empty["timing"]["run_s"]["p50"])
+
+
+def test_json_report_is_the_only_thing_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    summary = summarize([_result("completed", 1.0, 1.0), _result("failed", None, 2.0, "llm_unavailable")])
+    summary["wall_s"] = 3.5
+    report(summary, as_json=True)
+    out, err = capsys.readouterr()
+    assert json.loads(out) == json.loads(json.dumps(summary))  # one JSON document, nothing before or after
+    assert "reward mean" in err and "run/llm_unavailable" in err  # the tables, on stderr
+    report(summary, as_json=False)
+    out, err = capsys.readouterr()
+    assert "reward mean" in out and err == ""
 
 
 def test_choose_sandbox(test_image: Path) -> None:

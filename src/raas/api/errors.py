@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from raas.errors import RaasError
+from raas.errors import RaasError, route_error
+from raas.errors import error_body as error_body
 from raas.pipeline.admission import Overloaded
 
 STATUS_OF_KIND: dict[str, int] = {
@@ -29,10 +30,6 @@ STATUS_OF_KIND: dict[str, int] = {
     "llm_unavailable": 503,
     "timeout": 504,
 }
-
-
-def error_body(kind: str, message: str, stage: str | None = "api") -> dict[str, Any]:
-    return {"detail": message, "error": {"stage": stage, "kind": kind, "message": message}}
 
 
 def error_response(exc: RaasError) -> JSONResponse:
@@ -98,7 +95,10 @@ def install(app: FastAPI) -> None:
             # Starlette names only the first route that matched the path; a path served by several
             # routes (GET and DELETE /v1/jobs/{job_id}) allows all their methods.
             headers["Allow"] = ", ".join(allowed_methods(request))
-        return JSONResponse(error_body(kind, str(exc.detail)), status_code=exc.status_code, headers=headers)
+        message = route_error(
+            exc.status_code, request.method, request.url.path, str(exc.detail), headers.get("Allow")
+        )
+        return JSONResponse(error_body(kind, message), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

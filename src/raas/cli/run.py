@@ -178,8 +178,9 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def print_summary(s: dict[str, Any], wall_s: float) -> None:
-    out = Console()
+def print_summary(s: dict[str, Any], wall_s: float, out: Console | None = None) -> None:
+    """The summary tables, on stdout unless ``out`` says otherwise (``--json`` sends them to stderr)."""
+    out = out or Console()
     t = Table(title="raas run", show_header=False)
     t.add_row("jobs", str(s["jobs"]))
     t.add_row("status", ", ".join(f"{k} {v}" for k, v in sorted(s["status"].items())))
@@ -273,8 +274,17 @@ async def run_dataset(
         write_jsonl(out, results)
     summary = summarize(results)
     summary["wall_s"] = wall
-    print_summary(summary, wall)
     return summary
+
+
+def report(summary: dict[str, Any], as_json: bool) -> None:
+    """The run's summary: tables on stdout, or with ``as_json`` one JSON document on stdout and the tables
+    on stderr, so ``raas run --json | jq`` parses (progress and status lines are on stderr either way)."""
+    if as_json:
+        print_summary(summary, summary["wall_s"], console)
+        print(json.dumps(summary), flush=True)
+    else:
+        print_summary(summary, summary["wall_s"])
 
 
 def _run_main(coro: Any) -> Any:
@@ -326,7 +336,10 @@ def run(
     tokenizer: Annotated[
         Path | None, typer.Option(help="Chat tokenizer dir (default: the embedded model's)")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print only the summary as JSON on stdout (the tables go to stderr)"),
+    ] = False,
 ) -> None:
     """Run a dataset end to end and summarise it (starts everything in-process unless --server is given)."""
     from raas.tasks.datasets import load_dataset
@@ -367,7 +380,6 @@ def run(
         )
     except RaasError as e:
         raise fail(e) from None
-    if as_json:
-        print(json.dumps(summary))
+    report(summary, as_json)
     if not summary["status"].get("completed"):
         raise typer.Exit(1)

@@ -7,6 +7,9 @@ rollout's key is refused with the API's authentication error.
 
 A client that disconnects while its request waits or generates cancels it: nothing is recorded for a
 reply nobody received.
+
+An unknown path or an unsupported method is answered (404, 405 with ``Allow``) in the raas API's error body
+(:func:`raas.errors.error_body`), whose ``error.message`` the OpenAI and Anthropic SDKs also read.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from raas.errors import RaasError
+from raas.errors import RaasError, error_body, route_error
 from raas.gateway import shapes
 from raas.gateway.messages import ChatRequest, from_chat, from_messages, from_responses
 from raas.gateway.session import Completion, GatewaySession
@@ -157,7 +161,20 @@ def create_gateway_app(gateway: Gateway) -> Starlette:
         Route("/v1/messages", endpoint("messages", lambda s, b: from_messages(b)), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
     ]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, exception_handlers={HTTPException: _routing_error})
+
+
+async def _routing_error(request: Request, exc: Exception) -> Response:
+    """Starlette's router found no route (404) or not this method (405): JSON, never its plain text."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    headers = dict(getattr(exc, "headers", None) or {})
+    detail = str(getattr(exc, "detail", "")) or "internal error"
+    kind = {404: "not_found", 413: "payload_too_large"}.get(
+        status, "bad_request" if status < 500 else "internal"
+    )
+    allowed = next((v for k, v in headers.items() if k.lower() == "allow"), None)
+    message = route_error(status, request.method, request.url.path, detail, allowed)
+    return JSONResponse(error_body(kind, message), status_code=status, headers=headers)
 
 
 async def _disconnected(request: Request) -> None:

@@ -14,6 +14,12 @@ returns plain containers with the same keys, so the conversion is usable (and te
   ``token_ids`` (the prompt, then alternating ``assistant`` runs of sampled tokens, with
   ``generation_logprobs``, and ``environment`` runs of tokens added between turns), ``token_loss_mask``
   and ``advantages``; plus ``total_reward``, ``loss_multiplier`` and ``length`` per sample.
+
+A result with several token segments is several rows (:func:`raas.trainer.grpo.assemble_batch`) that share
+its group id, reward and advantage; ``raas_sample_index`` / ``raas_segment_index`` (verl's non-tensor batch)
+and ``sample_index`` / ``segment_index`` (NeMo RL) tell them apart. A trainer that recomputes group baselines
+from rows (verl's ``compute_advantage`` grouped by ``uid``, NeMo RL's baseline over ``total_reward``) would
+count each segment row as a sample: for such batches use the advantages raas computed (once per sample).
 """
 
 from __future__ import annotations
@@ -71,6 +77,8 @@ def verl_arrays(batch: Batch) -> tuple[dict[str, np.ndarray], dict[str, np.ndarr
     non_tensors = {
         "uid": groups,
         "raas_job_id": np.array(batch.job_ids, dtype=object),
+        "raas_sample_index": np.asarray(batch.sample_index, dtype=np.int64),
+        "raas_segment_index": np.asarray(batch.segment_index, dtype=np.int64),
         "multi_modal_inputs": multi_modal,
     }
     return tensors, non_tensors
@@ -137,6 +145,8 @@ def to_nemo_rl(batch: Batch) -> Any:
         "loss_multiplier": (~batch.overlong).astype(np.float32),
         "length": lengths,
         "uid": [batch.group_ids[g] for g in batch.group_index],
+        "sample_index": np.asarray(batch.sample_index, dtype=np.int64),
+        "segment_index": np.asarray(batch.segment_index, dtype=np.int64),
     }
     if _installed("torch"):
         import torch
@@ -146,7 +156,7 @@ def to_nemo_rl(batch: Batch) -> Any:
                 for key in ("token_ids", "token_loss_mask", "advantages", "generation_logprobs"):
                     if key in m:
                         m[key] = torch.from_numpy(np.ascontiguousarray(m[key]))
-        for key in ("total_reward", "loss_multiplier", "length"):
+        for key in ("total_reward", "loss_multiplier", "length", "sample_index", "segment_index"):
             data[key] = torch.from_numpy(data[key])
     # The module itself, not the package: PyPI's only `nemo-rl` (0.0.0) is an empty placeholder package.
     if _installed("nemo_rl.distributed.batched_data_dict"):

@@ -8,6 +8,11 @@ environment or the chat template added between turns (tool observations, role he
 
 Only usable results (:func:`raas.trainer.types.is_valid`) ever enter a batch: a filtered result (infrastructure
 failure) is neither a row nor part of its group's baseline.
+
+A result with several token segments (an agent behind the gateway rewrote its history: ``JobResult.segments``)
+gives one row per segment, each token-exact on its own, so every sampled token reaches the trainer; the rows
+share the sample's reward and advantage (the group baseline counts the sample once) and
+``Batch.sample_index`` / ``Batch.segment_index`` tell them apart.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from raas.errors import RaasError
-from raas.trainer.types import Group, JobResult, is_valid, version_number
+from raas.trainer.types import Group, JobResult, TokenTrajectory, is_valid, version_number
 
 Overlong = Literal["mask", "drop"]
 
@@ -78,12 +83,27 @@ class Batch:
     """``[B]`` int64: which group (index into ``group_ids``) each row belongs to."""
     prompt_len: int
     response_len: int
+    sample_index: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """``[B]`` int64: which sample (usable result, numbered 0.. in batch order) each row comes from. Rows of
+    one result with several token segments share it, and with it their reward and advantage."""
+    segment_index: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """``[B]`` int64: which of its result's token segments (:func:`token_segments`) the row holds; 0 for a
+    one-sequence result."""
     group_ids: list[str] = field(default_factory=list)
     job_ids: list[str] = field(default_factory=list)
+    """Per row: the job it comes from (repeated for the rows of a segmented result)."""
     segments: list[list[tuple[int, int, str]]] = field(default_factory=list)
     """Per row: ``(start, end, role)`` runs of the response columns, ``assistant`` for sampled tokens and
-    ``environment`` for tokens added between turns (what NeMo RL's message log needs)."""
+    ``environment`` for tokens added between turns (what NeMo RL's message log needs). Not to be confused
+    with a result's token segments (``segment_index``)."""
     stats: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """A batch built by hand without them has one row per sample, each its sample's only segment."""
+        if len(self.sample_index) != self.size:
+            self.sample_index = np.arange(self.size, dtype=np.int64)
+        if len(self.segment_index) != self.size:
+            self.segment_index = np.zeros(self.size, dtype=np.int64)
 
     @property
     def size(self) -> int:
@@ -102,31 +122,76 @@ class Batch:
         return self.attention_mask[:, self.prompt_len :]
 
 
-def sampled_turn_of_tokens(result: JobResult) -> list[int]:
-    """For every response token, the index of the turn that sampled it (-1 for tokens not sampled).
+def token_segments(result: JobResult) -> list[TokenTrajectory]:
+    """Every token sequence of ``result`` in order: its ``segments`` when the agent rewrote its history
+    (``token_trajectory`` is then only one of them), else ``token_trajectory`` alone."""
+    return list(result.segments) if result.segments else [result.token_trajectory]
 
-    Sampled tokens appear in ``token_trajectory`` in turn order, so the k-th run of mask-1 tokens is turn k's
-    ``output_ids``; a trajectory where the two disagree is refused (``bad_request``)."""
-    traj = result.token_trajectory
+
+def segment_turns(result: JobResult) -> list[list[int]]:
+    """Per token segment, the turns (indices into ``result.turns``) whose sampled tokens it holds, in order.
+
+    A one-sequence result holds all its turns. A segmented one maps its segments, in order, to the distinct
+    ``Turn.segment`` values in ascending order (the gateway numbers segments as it opens them); a result
+    whose turns name a different number of segments is refused (``bad_request``)."""
+    segs = token_segments(result)
+    if len(segs) == 1:
+        return [list(range(len(result.turns)))]
+    ids = sorted({t.segment for t in result.turns})
+    if len(ids) != len(segs):
+        raise RaasError(
+            f"job {result.job_id}: {len(segs)} token segments but its turns name {len(ids)}",
+            kind="bad_request",
+        )
+    where = {s: k for k, s in enumerate(ids)}
+    out: list[list[int]] = [[] for _ in segs]
+    for i, t in enumerate(result.turns):
+        out[where[t.segment]].append(i)
+    return out
+
+
+def sampled_turn_of_tokens(result: JobResult, segment: int | None = None) -> list[int]:
+    """For every response token of a token segment, the index of the turn that sampled it (-1 for tokens
+    not sampled). ``segment``: an index into :func:`token_segments`; None is ``token_trajectory``.
+
+    A segment's sampled tokens appear in turn order, so the k-th run of mask-1 tokens is the k-th of its
+    turns' ``output_ids`` (:func:`segment_turns`); a trajectory where the two disagree is refused
+    (``bad_request``)."""
+    segs = token_segments(result)
+    if segment is None and len(segs) == 1:
+        segment = 0
+    elif segment is None:
+        found = [k for k, s in enumerate(segs) if s == result.token_trajectory]
+        if not found:
+            raise RaasError(
+                f"job {result.job_id}: token_trajectory is none of its segments", kind="bad_request"
+            )
+        segment = found[-1]
+    if not 0 <= segment < len(segs):
+        raise RaasError(
+            f"job {result.job_id}: no token segment {segment} (it has {len(segs)})", kind="bad_request"
+        )
+    where = "token_trajectory" if len(segs) == 1 else f"token segment {segment}"
+    traj, turn_ids = segs[segment], segment_turns(result)[segment]
     owners: list[int] = []
-    turn, used = 0, 0
-    lengths = [len(t.output_ids) for t in result.turns]
+    k, used = 0, 0
+    lengths = [len(result.turns[i].output_ids) for i in turn_ids]
     for token, m in zip(traj.response_ids, traj.loss_mask, strict=True):
         if not m:
             owners.append(-1)
             continue
-        while turn < len(lengths) and used >= lengths[turn]:
-            turn, used = turn + 1, 0
-        if turn >= len(lengths) or result.turns[turn].output_ids[used] != token:
+        while k < len(lengths) and used >= lengths[k]:
+            k, used = k + 1, 0
+        if k >= len(lengths) or result.turns[turn_ids[k]].output_ids[used] != token:
             raise RaasError(
-                f"job {result.job_id}: the sampled tokens of token_trajectory do not match its turns",
+                f"job {result.job_id}: the sampled tokens of {where} do not match its turns",
                 kind="bad_request",
             )
-        owners.append(turn)
+        owners.append(turn_ids[k])
         used += 1
     if sum(lengths) != sum(1 for o in owners if o >= 0):
         raise RaasError(
-            f"job {result.job_id}: token_trajectory has fewer sampled tokens than its turns",
+            f"job {result.job_id}: {where} has fewer sampled tokens than its turns",
             kind="bad_request",
         )
     return owners
@@ -161,6 +226,10 @@ def assemble_batch(
     set to 0 (``"mask"``: it still counts in its group's baseline, DAPO's overlong filtering), or left out
     (``"drop"``). ``mask_turns_before=v``: tokens of turns sampled by a policy older than ``v`` (their
     ``weight_version``) get ``loss_mask`` 0 — for trajectories carried across a weight update.
+
+    A result with several token segments gives one row per segment (:func:`token_segments`), each with the
+    sample's reward and advantage; the baseline is still computed over samples, not rows. ``overlong`` and
+    stale masking apply per row (a dropped segment leaves the sample's other rows in).
     """
     if max_prompt_len < 1 or max_response_len < 1:
         raise RaasError("max_prompt_len and max_response_len must be >= 1", kind="bad_request")
@@ -171,6 +240,7 @@ def assemble_batch(
     stats = {"groups": 0, "skipped_groups": 0, "excluded_results": 0, "overlong": 0, "dropped_overlong": 0}
     stats["masked_stale_tokens"] = 0
     group_ids: list[str] = []
+    next_sample = 0
     for group in groups:
         if group.dropped or group.cancelled:
             stats["skipped_groups"] += 1
@@ -190,14 +260,22 @@ def assemble_batch(
         group_ids.append(group.group_id)
         stats["groups"] += 1
         for result, a in zip(samples, adv, strict=True):
-            row = _row(result, float(a), gi, P, R, overlong, mask_turns_before, stats)
-            if row is not None:
-                rows.append(row)
+            kept: list[dict[str, Any]] = []
+            for k, traj in enumerate(token_segments(result)):
+                row = _row(result, k, traj, float(a), gi, P, R, overlong, mask_turns_before, stats)
+                if row is not None:
+                    kept.append(row)
+            for row in kept:
+                row["sample"] = next_sample
+            next_sample += 1 if kept else 0
+            rows.extend(kept)
     return _stack(rows, pad_id, P, R, group_ids, stats)
 
 
 def _row(
     result: JobResult,
+    segment: int,
+    traj: TokenTrajectory,
     adv: float,
     gi: int,
     P: int,
@@ -206,18 +284,20 @@ def _row(
     mask_turns_before: int | None,
     stats: dict[str, int],
 ) -> dict[str, Any] | None:
-    traj = result.token_trajectory
+    """One row: token segment ``segment`` (``traj``) of ``result``."""
     n = len(traj.response_ids)
     if len(traj.loss_mask) != n or len(traj.logprobs) != n:
+        where = f" (token segment {segment})" if result.segments else ""
         raise RaasError(
-            f"job {result.job_id}: response_ids, loss_mask and logprobs differ in length", kind="bad_request"
+            f"job {result.job_id}: response_ids, loss_mask and logprobs differ in length{where}",
+            kind="bad_request",
         )
     prompt = list(traj.prompt_ids)
     response = list(traj.response_ids)
     sampled = [1 if m else 0 for m in traj.loss_mask]
     mask = list(sampled)
     if mask_turns_before is not None and result.turns:
-        owners = sampled_turn_of_tokens(result)
+        owners = sampled_turn_of_tokens(result, segment)
         old = {
             i
             for i, t in enumerate(result.turns)
@@ -247,6 +327,7 @@ def _row(
         "reward": float(result.reward),  # type: ignore[arg-type]
         "overlong": too_long,
         "group": gi,
+        "segment": segment,
         "job_id": result.job_id,
     }
 
@@ -264,6 +345,8 @@ def _stack(
     rewards = np.zeros(B, dtype=np.float32)
     overlong = np.zeros(B, dtype=bool)
     group_index = np.zeros(B, dtype=np.int64)
+    sample_index = np.zeros(B, dtype=np.int64)
+    segment_index = np.zeros(B, dtype=np.int64)
     segments: list[list[tuple[int, int, str]]] = []
     for b, row in enumerate(rows):
         prompt, response = row["prompt"], row["response"]
@@ -284,6 +367,8 @@ def _stack(
         rewards[b] = row["reward"]
         overlong[b] = row["overlong"]
         group_index[b] = row["group"]
+        sample_index[b] = row["sample"]
+        segment_index[b] = row["segment"]
         segments.append(_segments(row["sampled"]))
     position_ids = np.clip(np.cumsum(attention, axis=1) - 1, 0, None).astype(np.int64)
     stats["rows"] = B
@@ -300,6 +385,8 @@ def _stack(
         group_index=group_index,
         prompt_len=P,
         response_len=R,
+        sample_index=sample_index,
+        segment_index=segment_index,
         group_ids=group_ids,
         job_ids=[r["job_id"] for r in rows],
         segments=segments,

@@ -137,7 +137,7 @@ def main() -> None:
         lr=args.lr,
         max_tokens=int(task["max_tokens"]),
         max_response_len=384 if args.task == "lookup" else 64,
-        max_prompt_len=512,
+        max_prompt_len=1024,
         eval_every=args.eval_every,
         eval_samples=args.eval_samples,
         max_wall_s=args.minutes * 60,

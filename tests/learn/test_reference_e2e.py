@@ -62,3 +62,22 @@ def test_bad_settings_are_refused_before_anything_starts(field: str, value: Any)
     with pytest.raises(RaasError) as err:
         cfg.validate()
     assert err.value.kind == "bad_request"
+
+
+async def test_a_batch_too_narrow_for_every_row_is_an_error_not_a_silent_no_op(tmp_path: Path) -> None:
+    cfg = TrainConfig(
+        train_data="builtin:addition",
+        steps=1,
+        group_size=2,
+        target_groups=1,
+        max_inflight_groups=2,
+        max_tokens=8,
+        max_prompt_len=8,  # the chat-templated prompt alone is ~40 tokens
+        eval_every=0,
+        slots=2,
+        out_dir=str(tmp_path / "out"),
+        progress=False,
+    )
+    with pytest.raises(RaasError) as err:
+        await train(cfg)
+    assert err.value.kind == "bad_request" and "max_prompt_len 8" in str(err.value)

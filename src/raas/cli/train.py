@@ -38,8 +38,10 @@ def train(
         float, typer.Option(help="k3 KL penalty against the initial policy (0: KL-free).")
     ] = 0.0,
     max_tokens: Annotated[int, typer.Option(help="Tokens per model turn.")] = 32,
-    max_response_len: Annotated[int, typer.Option(help="Response columns of a batch row.")] = 64,
-    max_prompt_len: Annotated[int, typer.Option(help="Prompt columns of a batch row.")] = 256,
+    max_response_len: Annotated[
+        int, typer.Option(help="Response columns of a batch row (longer rows: loss masked).")
+    ] = 256,
+    max_prompt_len: Annotated[int, typer.Option(help="Prompt columns of a batch row.")] = 1024,
     eval_every: Annotated[int, typer.Option(help="Evaluate every N steps (0: never).")] = 10,
     eval_samples: Annotated[int, typer.Option(help="Samples per held-out problem.")] = 4,
     model: Annotated[str | None, typer.Option(help="A llama-architecture GGUF (default: embedded).")] = None,

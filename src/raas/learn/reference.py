@@ -76,8 +76,8 @@ class TrainConfig:
     temperature: float = 1.0
     max_tokens: int = 32
     """Tokens per model turn."""
-    max_prompt_len: int = 256
-    max_response_len: int = 64
+    max_prompt_len: int = 1024
+    max_response_len: int = 256
     """Longer rows are kept with loss 0 (DAPO's overlong masking) and counted in ``overlong``."""
     eval_every: int = 10
     eval_samples: int = 4
@@ -275,6 +275,18 @@ def fresh_rows(batch: Batch, groups: list[Group], version: int) -> list[bool]:
     return out
 
 
+def too_long(groups: list[Group], cfg: TrainConfig) -> str:
+    """Why a step had nothing to train on: every row is overlong (its loss is masked)."""
+    trajectories = [r.token_trajectory for g in groups for r in g.samples]
+    prompt = max((len(t.prompt_ids) for t in trajectories), default=0)
+    response = max((len(t.response_ids) for t in trajectories), default=0)
+    return (
+        f"every row of the step is longer than the batch allows (prompts up to {prompt} tokens, max_prompt_len "
+        f"{cfg.max_prompt_len}; responses up to {response}, max_response_len {cfg.max_response_len}): nothing "
+        "would be trained; raise --max-prompt-len / --max-response-len"
+    )
+
+
 def step_record(stats: StepStats, judged: list[Group], batch: Batch) -> dict[str, Any]:
     """The rollout side of one step's log line."""
     rewards = [x for g in judged for x in g.rewards]
@@ -379,6 +391,8 @@ async def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | No
                     cfg.max_response_len,
                     std_normalize=cfg.std_normalize,
                 )
+                if batch.size and int(batch.overlong.sum()) == batch.size:
+                    raise RaasError(too_long(groups, cfg), kind="bad_request")
                 rec: dict[str, Any] = {
                     "kind": "step",
                     "step": step + 1,

@@ -81,3 +81,13 @@ async def test_a_batch_too_narrow_for_every_row_is_an_error_not_a_silent_no_op(t
     with pytest.raises(RaasError) as err:
         await train(cfg)
     assert err.value.kind == "bad_request" and "max_prompt_len 8" in str(err.value)
+
+
+@pytest.mark.unit
+def test_long_rows_get_smaller_micro_batches() -> None:
+    from raas.learn.reference import micro_batch_rows
+
+    cfg = TrainConfig(micro_batch_rows=16, micro_batch_tokens=4096)
+    assert micro_batch_rows(cfg, 80) == 16  # short addition rows: the row cap
+    assert micro_batch_rows(cfg, 900) == 4  # an agentic trajectory: the token budget
+    assert micro_batch_rows(cfg, 10_000) == 1  # never 0

@@ -70,6 +70,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     micro_batch_rows: int = 16
+    micro_batch_tokens: int = 4096
+    """At most this many columns x rows per forward/backward: eager attention keeps a ``seq²`` matrix per
+    head and layer for the backward, so 16 rows of a 900-token agentic trajectory would need ~20 GB."""
     loss: LossConfig = field(default_factory=LossConfig)
     std_normalize: bool = True
     """GRPO's advantage normalization by the group's reward std (False: Dr. GRPO's mean-centring only)."""
@@ -100,7 +103,14 @@ class TrainConfig:
     progress: bool = True
 
     def validate(self) -> None:
-        for name in ("steps", "group_size", "target_groups", "max_inflight_groups", "micro_batch_rows"):
+        for name in (
+            "steps",
+            "group_size",
+            "target_groups",
+            "max_inflight_groups",
+            "micro_batch_rows",
+            "micro_batch_tokens",
+        ):
             if getattr(self, name) < 1:
                 raise RaasError(f"{name} must be >= 1", kind="bad_request")
         if self.group_size < 2:
@@ -195,6 +205,11 @@ async def rollout_service(cfg: TrainConfig, llm_url: str) -> AsyncIterator[str]:
             yield url
 
 
+def micro_batch_rows(cfg: TrainConfig, columns: int) -> int:
+    """Rows per forward/backward for a batch ``columns`` wide: the row cap, lowered by the token budget."""
+    return max(1, min(cfg.micro_batch_rows, cfg.micro_batch_tokens // max(columns, 1)))
+
+
 class Trainer:
     """The model, its optimizer and one step of the loop; :func:`train` drives it."""
 
@@ -223,8 +238,9 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum, stats_acc, diffs, fresh_diffs = 0.0, [], [], []
-        for start in range(0, batch.size, cfg.micro_batch_rows):
-            mb = tb.rows(slice(start, start + cfg.micro_batch_rows))
+        rows = micro_batch_rows(cfg, int(tb.input_ids.shape[1]))
+        for start in range(0, batch.size, rows):
+            mb = tb.rows(slice(start, start + rows))
             if mb.loss_mask.sum() == 0:
                 continue
             logprobs = response_logprobs(self.model, mb, cfg.temperature)
@@ -239,7 +255,7 @@ class Trainer:
             sampled = mb.loss_mask.bool()
             d = (logprobs.detach() - mb.rollout_logprobs).abs()
             diffs.append(d[sampled])
-            rows_fresh = torch.tensor(fresh_rows[start : start + cfg.micro_batch_rows], device=self.device)
+            rows_fresh = torch.tensor(fresh_rows[start : start + rows], device=self.device)
             fresh_diffs.append(d[sampled & rows_fresh.unsqueeze(1)])
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         self.optimizer.step()

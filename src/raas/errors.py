@@ -112,7 +112,7 @@ def route_error(status: int, method: str, path: str, detail: str, allowed: str |
     if not default:
         return detail
     if status == 404:
-        return f"no route {method} {path}"
+        return f"not found: no route {method} {path}"
     if status == 405:
-        return f"{method} is not allowed on {path}" + (f" (allowed: {allowed})" if allowed else "")
+        return f"method not allowed: {method} {path}" + (f" (allowed: {allowed})" if allowed else "")
     return detail

@@ -17,10 +17,10 @@ async def test_unknown_routes_and_methods_answer_json_everywhere(make_api: APIFa
     c = api.client
     for path in ("/gateway/v1/nowhere", "/gateway/", "/gateway/v2/chat", "/nope", "/v1/nowhere/deeper"):
         body = assert_error_body(await c.get(path), 404, "not_found")
-        assert body["detail"] == f"no route GET {path}"
+        assert body["detail"] == f"not found: no route GET {path}"
     r = await c.put("/v1/jobs")
     body = assert_error_body(r, 405, "bad_request")
-    assert body["detail"] == f"PUT is not allowed on /v1/jobs (allowed: {r.headers['allow']})"
+    assert body["detail"] == "method not allowed: PUT /v1/jobs (allowed: POST)"
     assert r.headers["allow"] == "POST"
     for method, path, allow in (
         ("GET", "/gateway/v1/chat/completions", "POST"),
@@ -30,7 +30,7 @@ async def test_unknown_routes_and_methods_answer_json_everywhere(make_api: APIFa
         r = await c.request(method, path)
         body = assert_error_body(r, 405, "bad_request")
         assert r.headers["allow"] == allow
-        assert body["detail"] == f"{method} is not allowed on {path} (allowed: {allow})"
+        assert body["detail"] == f"method not allowed: {method} {path} (allowed: {allow})"
     # the routes themselves still answer in their own API's shape (an OpenAI error for a missing key)
     r = await c.post("/gateway/v1/chat/completions", json={"model": "p", "messages": []})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"

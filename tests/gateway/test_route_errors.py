@@ -20,13 +20,13 @@ async def test_unknown_route_and_method_on_a_rollout_socket(tok: ChatTokenizer) 
             r = await http.get("/v1/embeddings", headers={"authorization": f"Bearer {ep.session.key}"})
             assert r.status_code == 404 and r.headers["content-type"] == "application/json"
             body = ErrorBody.model_validate(r.json())
-            assert body.error.kind == "not_found" and body.detail == "no route GET /v1/embeddings"
+            assert body.error.kind == "not_found" and body.detail == "not found: no route GET /v1/embeddings"
             r = await http.get("/v1/chat/completions")
             assert r.status_code == 405 and r.headers["allow"] == "POST"
             body = ErrorBody.model_validate(r.json())
             assert body.error.kind == "bad_request"
-            assert body.detail == "GET is not allowed on /v1/chat/completions (allowed: POST)"
+            assert body.detail == "method not allowed: GET /v1/chat/completions (allowed: POST)"
         with pytest.raises(openai.NotFoundError) as e:
             await ep.openai().embeddings.create(model="p", input="x")
-        assert e.value.status_code == 404 and "no route POST /v1/embeddings" in e.value.message
+        assert e.value.status_code == 404 and "not found: no route POST /v1/embeddings" in e.value.message
         assert ep.session.run_output().turns == []  # nothing reached the policy

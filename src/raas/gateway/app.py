@@ -164,6 +164,9 @@ def create_gateway_app(gateway: Gateway) -> Starlette:
     return Starlette(routes=routes, exception_handlers={HTTPException: _routing_error})
 
 
+_ORDER = {m: i for i, m in enumerate(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))}
+
+
 async def _routing_error(request: Request, exc: Exception) -> Response:
     """Starlette's router found no route (404) or not this method (405): JSON, never its plain text."""
     status = exc.status_code if isinstance(exc, HTTPException) else 500
@@ -172,7 +175,11 @@ async def _routing_error(request: Request, exc: Exception) -> Response:
     kind = {404: "not_found", 413: "payload_too_large"}.get(
         status, "bad_request" if status < 500 else "internal"
     )
-    allowed = next((v for k, v in headers.items() if k.lower() == "allow"), None)
+    allowed = None
+    for name in [k for k in headers if k.lower() == "allow"]:
+        # Starlette joins a set: put the methods in one order, so the header is the same every time.
+        methods = {m.strip() for m in headers.pop(name).split(",") if m.strip()}
+        allowed = headers["Allow"] = ", ".join(sorted(methods, key=lambda m: (_ORDER.get(m, 99), m)))
     message = route_error(status, request.method, request.url.path, detail, allowed)
     return JSONResponse(error_body(kind, message), status_code=status, headers=headers)
 

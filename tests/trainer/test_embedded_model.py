@@ -72,7 +72,7 @@ async def test_groups_of_real_rollouts_become_a_token_exact_batch(service_url: s
         mean = sum(g.rewards) / len(g.rewards)
         adv = batch.advantages[row][batch.loss_mask[row] == 1].tolist()
         assert adv == pytest.approx([r.reward - mean] * len(sampled))
-    verl = to_verl(batch)
-    assert verl["batch"]["response_mask"].shape == (8, 32)
+    verl = to_verl(batch)  # a real verl.DataProto (verl is installed with the trainer extras)
+    assert tuple(verl.batch["response_mask"].shape) == (8, 32)
     nemo = to_nemo_rl(batch)
     assert len(nemo["message_log"]) == 8

@@ -70,9 +70,11 @@ class TrainConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     micro_batch_rows: int = 16
-    micro_batch_tokens: int = 4096
-    """At most this many columns x rows per forward/backward: eager attention keeps a ``seq²`` matrix per
-    head and layer for the backward, so 16 rows of a 900-token agentic trajectory would need ~20 GB."""
+    micro_batch_cells: int = 1_000_000
+    """At most rows x columns² per forward/backward: eager attention keeps a ``columns²`` matrix per head
+    and layer for the backward (~3 GB a row at 1,000 columns for SmolLM2's 30 layers), so long agentic
+    rows go one at a time while short ones batch up to ``micro_batch_rows`` (two lookup runs with a
+    linear token budget were OOM-killed at 20-23 GB)."""
     loss: LossConfig = field(default_factory=LossConfig)
     std_normalize: bool = True
     """GRPO's advantage normalization by the group's reward std (False: Dr. GRPO's mean-centring only)."""
@@ -109,7 +111,7 @@ class TrainConfig:
             "target_groups",
             "max_inflight_groups",
             "micro_batch_rows",
-            "micro_batch_tokens",
+            "micro_batch_cells",
         ):
             if getattr(self, name) < 1:
                 raise RaasError(f"{name} must be >= 1", kind="bad_request")
@@ -206,8 +208,8 @@ async def rollout_service(cfg: TrainConfig, llm_url: str) -> AsyncIterator[str]:
 
 
 def micro_batch_rows(cfg: TrainConfig, columns: int) -> int:
-    """Rows per forward/backward for a batch ``columns`` wide: the row cap, lowered by the token budget."""
-    return max(1, min(cfg.micro_batch_rows, cfg.micro_batch_tokens // max(columns, 1)))
+    """Rows per forward/backward for a batch ``columns`` wide: the row cap, lowered by the attention budget."""
+    return max(1, min(cfg.micro_batch_rows, cfg.micro_batch_cells // max(columns, 1) ** 2))
 
 
 class Trainer:

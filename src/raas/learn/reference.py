@@ -43,7 +43,7 @@ from raas.errors import RaasError
 from raas.learn.llama_sync import LlamaWeightSync
 from raas.tasks.datasets import load_dataset
 from raas.trainer.dapo import DynamicSampler, StepStats
-from raas.trainer.grpo import Batch
+from raas.trainer.grpo import Batch, token_segments
 from raas.trainer.hf_weights import TensorType, load_policy
 from raas.trainer.policy_loss import LossConfig, TorchBatch, dapo_loss, response_logprobs
 from raas.trainer.rollout import FailurePolicy, RolloutClient
@@ -295,7 +295,7 @@ def fresh_rows(batch: Batch, groups: list[Group], version: int) -> list[bool]:
 
 def too_long(groups: list[Group], cfg: TrainConfig) -> str:
     """Why a step had nothing to train on: every row is overlong (its loss is masked)."""
-    trajectories = [r.token_trajectory for g in groups for r in g.samples]
+    trajectories = [t for g in groups for r in g.samples for t in token_segments(r)]  # every row's sequence
     prompt = max((len(t.prompt_ids) for t in trajectories), default=0)
     response = max((len(t.response_ids) for t in trajectories), default=0)
     return (

@@ -305,6 +305,28 @@ def too_long(groups: list[Group], cfg: TrainConfig) -> str:
     )
 
 
+class JudgedGroups:
+    """The groups the sampler judged this step, each counted once.
+
+    With carry-over, a group accepted beyond one step's target is judged again at the next step (for
+    staleness); its rewards belong to the step that first saw it, so the training curve's reward and pass
+    rate count every sampled group exactly once."""
+
+    def __init__(self) -> None:
+        self.groups: list[Group] = []
+        self._seen: set[str] = set()
+
+    def accept(self, group: Group) -> bool:
+        if group.group_id not in self._seen:
+            self._seen.add(group.group_id)
+            self.groups.append(group)
+        return group.informative
+
+    def clear(self) -> None:
+        """Start the next step's list; the groups already seen stay seen."""
+        self.groups = []
+
+
 def step_record(stats: StepStats, judged: list[Group], batch: Batch) -> dict[str, Any]:
     """The rollout side of one step's log line."""
     rewards = [x for g in judged for x in g.rewards]
@@ -347,12 +369,7 @@ async def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | No
     sampling = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
     started = time.monotonic()
     evals: list[dict[str, Any]] = []
-    judged: list[Group] = []
-
-    def accept(group: Group) -> bool:
-        judged.append(group)
-        return group.informative
-
+    judged = JudgedGroups()
     with TrainLog(out_dir / "train.jsonl") as log:
 
         def record(rec: dict[str, Any]) -> None:
@@ -394,7 +411,7 @@ async def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | No
                 max_staleness=cfg.max_staleness,
                 sampling_params=sampling,
                 mask_stale_turns=cfg.mask_stale_turns,
-                accept=accept,
+                accept=judged.accept,
             )
             stack.push_async_callback(sampler.close)
             steps_done = 0
@@ -416,7 +433,7 @@ async def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | No
                     "step": step + 1,
                     "policy_version": sampler.policy_version,
                 }
-                rec.update(step_record(stats, judged, batch))
+                rec.update(step_record(stats, judged.groups, batch))
                 train_started = time.monotonic()
                 fresh = fresh_rows(batch, groups, sampler.policy_version)
                 rec.update(await asyncio.to_thread(trainer.update, batch, fresh))

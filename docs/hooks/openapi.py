@@ -2,7 +2,8 @@
 
 The page (``reference/openapi.md``) is generated at build time, so it can never drift from the code: the
 app is built around a service object that is never started (no server, no sockets, no sandboxes), and
-``app.openapi()`` is rendered as Markdown tables. Everything is offline.
+``app.openapi()`` is rendered as Markdown tables. Everything is offline. The benchmarks' plots
+(``bench/results/*.png``) are published under ``img/`` from where the benchmarks write them, not copied.
 """
 
 from __future__ import annotations
@@ -149,6 +150,8 @@ def render(spec: dict[str, Any]) -> str:
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
-    src = Path(config.config_file_path).resolve().parent / "src"
-    files.append(File.generated(config, PAGE, content=render(openapi_schema(src))))
+    root = Path(config.config_file_path).resolve().parent
+    files.append(File.generated(config, PAGE, content=render(openapi_schema(root / "src"))))
+    for plot in sorted((root / "bench" / "results").glob("*.png")):
+        files.append(File.generated(config, f"img/{plot.name}", abs_src_path=str(plot)))
     return files

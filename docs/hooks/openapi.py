@@ -99,7 +99,7 @@ def render_operation(path: str, method: str, op: dict[str, Any]) -> list[str]:
     out += ["| status | description | body |", "|---|---|---|"]
     for status, resp in sorted(op.get("responses", {}).items()):
         content = resp.get("content", {})
-        bodies = ", ".join(f"{type_of(m.get('schema', {}))} ({c})" for c, m in content.items()) or "–"
+        bodies = ", ".join(f"{type_of(m.get('schema', {}))} ({c})" for c, m in content.items()) or "none"
         out.append(f"| {status} | {cell(resp.get('description', ''))} | {bodies} |")
     out.append("")
     return out

@@ -75,7 +75,9 @@ def test_site_builds_strictly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         assert route in reference, route
     assert 'id="jobresult"' in reference and 'id="errorbody"' in reference
     # mkdocstrings rendered the Python API from the source.
-    assert "RolloutClient" in (site / "reference" / "python" / "trainer.html").read_text()
+    trainer = (site / "reference" / "python" / "trainer.html").read_text()
+    assert "RolloutClient" in trainer
+    assert ":class:<code>" not in trainer, "Sphinx roles are shown as code alone (docs/hooks/docstrings.py)"
     assert "TaskHandler" in (site / "reference" / "python" / "tasks.html").read_text()
     # Offline: the theme loads no web fonts and the pages reference nothing on a CDN.
     index = (site / "index.html").read_text()

@@ -79,6 +79,13 @@ def test_site_builds_strictly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert "RolloutClient" in trainer
     assert ":class:<code>" not in trainer, "Sphinx roles are shown as code alone (docs/hooks/docstrings.py)"
     assert "TaskHandler" in (site / "reference" / "python" / "tasks.html").read_text()
+    # The error-kinds table is computed from raas.errors: one row per kind.
+    from typing import get_args
+
+    from raas.errors import ErrorKind
+
+    concepts = (site / "concepts.html").read_text()
+    assert all(f"<td><code>{kind}</code></td>" in concepts for kind in get_args(ErrorKind))
     # Offline: the theme loads no web fonts and the pages reference nothing on a CDN.
     index = (site / "index.html").read_text()
     assert "fonts.googleapis.com" not in index and "fonts.gstatic.com" not in index

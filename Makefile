@@ -28,7 +28,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 # is the wheel installed, so no two pip processes ever write into the venv at the same time.
 INSTALL_JOBS ?= 2
 
-.PHONY: install install-steps image test-image sysdeps run test test-cluster test-vllm lint bench clean
+.PHONY: install install-steps image test-image sysdeps run test test-cluster test-vllm lint docs docs-serve bench clean
 
 sysdeps:
 	bash scripts/install-sysdeps.sh
@@ -48,7 +48,7 @@ $(LLAMA_WHEELS)/.built: | $(VENV_STAMP)
 
 # Everything but llama.cpp (the `embedded` extra).
 $(DEPS_STAMP): pyproject.toml | $(VENV_STAMP)
-	$(BIN)/pip install -q -e '.[dev,swe,trl,train]'
+	$(BIN)/pip install -q -e '.[dev,swe,trl,train,docs]'
 	# verl's trainer code for tests/trainer/test_verl_contract.py: the `verl` extra, --no-deps (see its comment in
 	# pyproject.toml). Its wheel also installs verl's own top-level `tests` package, which can shadow raas's: removed.
 	$(BIN)/pip install -q --no-deps $$($(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["verl"])')
@@ -108,9 +108,25 @@ test-vllm: install
 	$(BIN)/pytest -m vllm -p no:cacheprovider
 
 lint:
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench docs/hooks
+	$(BIN)/ruff format --check src tests bench docs/hooks
 	$(BIN)/mypy
+	$(BIN)/mkdocs build --strict
+
+# The documentation site (mkdocs.yml): built offline into site/, strictly (a broken link or anchor fails it).
+# Only the docs extra and raas itself are needed (the HTTP reference is generated from the app's OpenAPI).
+DOCS_STAMP := $(VENV)/.docs-installed
+# mkdocs-material prints a banner about its successor on every build; the docs build stays quiet.
+export NO_MKDOCS_2_WARNING := 1
+$(DOCS_STAMP): pyproject.toml | $(VENV_STAMP)
+	$(BIN)/pip install -q -e '.[docs]'
+	touch $@
+
+docs: $(DOCS_STAMP)
+	$(BIN)/mkdocs build --strict
+
+docs-serve: $(DOCS_STAMP)
+	$(BIN)/mkdocs serve
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build site *.egg-info src/*.egg-info .pytest_cache

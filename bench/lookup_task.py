@@ -8,7 +8,7 @@ fraction of rollouts that make a well-formed bash call (``tool_called``), that r
 variance (what GRPO needs).
 
 Usage: ``python bench/lookup_task.py [--n 16] [--samples 4] [--split train] [--sandbox auto] [--out FILE]``;
-prints JSON and writes ``bench/results/lookup_task_<split>.json``. The README's numbers: ``--n 24`` (train)
+prints JSON and writes ``bench/results/lookup_task_<split>.json``. The numbers in docs/benchmarks.md: ``--n 24`` (train)
 and ``--n 16 --split test``.
 """
 

@@ -1,6 +1,6 @@
-"""Print the README's benchmark tables (Markdown) from the JSON files under ``bench/results/``.
+"""Print the benchmark tables of docs/benchmarks.md (Markdown) from the JSON files under ``bench/results/``.
 
-Usage: ``python bench/report.py`` — the README's Benchmarks section is this script's output.
+Usage: ``python bench/report.py`` — docs/benchmarks.md's tables are this script's output.
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ def _killed(exit_code: int | None) -> bool:
 
 class CodeHandler(TaskHandler):
     """Instances: a function problem (HumanEval: ``prompt``, ``entry_point``, ``test``) or a stdin/stdout
-    problem (statement + test cases); see :mod:`raas.tasks.code.instances` and the README."""
+    problem (statement + test cases); see :mod:`raas.tasks.code.instances` and docs/tasks/code.md."""
 
     name: ClassVar[str] = "code"
     needs_tokenizer: ClassVar[bool] = True

@@ -8,7 +8,7 @@ produce exactly that change is dropped.
 
 The kinds follow SWE-smith's procedural modifiers (``swesmith.bug_gen.procedural``): flip a comparison,
 off-by-one at a boundary, swap the operands of a non-commutative operator, change an operator, drop a
-branch, change an integer constant. Why raas has its own instead of importing swesmith's is in the README
+branch, change an integer constant. Why raas has its own instead of importing swesmith's is in docs/tasks/swe.md
 ("SWE-style tasks").
 """
 

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from starlette.routing import Route
 
 from raas.errors import RaasError, error_body, route_error
 from raas.gateway import shapes
+from raas.gateway.external import Closing
 from raas.gateway.messages import ChatRequest, from_chat, from_messages, from_responses
 from raas.gateway.session import Completion, GatewaySession
 
@@ -66,7 +68,14 @@ def create_gateway_app(gateway: Gateway) -> Starlette:
             return bound
         session = gateway.session_for_key(key) if key else None
         if session is None:
-            raise RaasError("invalid API key: no running rollout has it", kind="unauthorized", stage="run")
+            raise RaasError(
+                "invalid API key: no running rollout has it"
+                if key
+                else "no API key: send the rollout's key as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
+                kind="unauthorized",
+                stage="run",
+            )
+        session.last_active = time.monotonic()
         return session
 
     async def read_json(request: Request) -> dict[str, Any]:
@@ -155,11 +164,36 @@ def create_gateway_app(gateway: Gateway) -> Starlette:
         history = session.history_of(prev) if isinstance(prev, str) else None
         return from_responses(body, history)
 
+    async def close_rollout(request: Request) -> Response:
+        """An external rollout's agent ends it (optionally with its final ``answer``/``patch``)."""
+        rollout_id = request.path_params["rollout_id"]
+        try:
+            if request.scope.get(SESSION_SCOPE_KEY) is not None:
+                raise RaasError("rollouts are closed on the service's /gateway routes", kind="not_found")
+            raw = await read_json(request) if await _has_body(request) else {}
+            closing = Closing(
+                answer=_opt_str(raw, "answer"),
+                patch=_opt_str(raw, "patch"),
+                metadata=_opt_dict(raw, "metadata"),
+            )
+            unknown = sorted(set(raw) - {"answer", "patch", "metadata"})
+            if unknown:
+                raise RaasError(
+                    f"unknown field(s) in the close body: {', '.join(unknown)}", kind="bad_request"
+                )
+            gateway.external.close(rollout_id, request_key(request), closing)
+        except RaasError as exc:
+            return JSONResponse(
+                error_body(exc.kind, exc.message, exc.stage or "run"), status_code=shapes.error_status(exc)
+            )
+        return JSONResponse({"rollout_id": rollout_id, "job_id": rollout_id, "status": "closed"})
+
     routes = [
         Route("/v1/chat/completions", endpoint("chat", lambda s, b: from_chat(b)), methods=["POST"]),
         Route("/v1/responses", endpoint("responses", parse_responses), methods=["POST"]),
         Route("/v1/messages", endpoint("messages", lambda s, b: from_messages(b)), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/rollouts/{rollout_id}/close", close_rollout, methods=["POST"]),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: _routing_error})
 
@@ -182,6 +216,25 @@ async def _routing_error(request: Request, exc: Exception) -> Response:
         allowed = headers["Allow"] = ", ".join(sorted(methods, key=lambda m: (_ORDER.get(m, 99), m)))
     message = route_error(status, request.method, request.url.path, detail, allowed)
     return JSONResponse(error_body(kind, message), status_code=status, headers=headers)
+
+
+async def _has_body(request: Request) -> bool:
+    length = request.headers.get("content-length")
+    return length != "0" if length is not None else "transfer-encoding" in request.headers
+
+
+def _opt_str(body: dict[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise RaasError(f"'{name}' must be a string", kind="bad_request", stage="run")
+    return value
+
+
+def _opt_dict(body: dict[str, Any], name: str) -> dict[str, Any]:
+    value = body.get(name, {})
+    if not isinstance(value, dict):
+        raise RaasError(f"'{name}' must be a JSON object", kind="bad_request", stage="run")
+    return value
 
 
 async def _disconnected(request: Request) -> None:

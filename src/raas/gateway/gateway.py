@@ -35,6 +35,7 @@ from raas.core.executors import Executor
 from raas.core.jobs import Job
 from raas.errors import RaasError
 from raas.gateway.app import SESSION_SCOPE_KEY, create_gateway_app
+from raas.gateway.external import ExternalRollouts
 from raas.gateway.session import GatewaySession
 from raas.llm.balancer import LLMBalancer
 from raas.llm.tokenizer import ChatTokenizer
@@ -135,6 +136,8 @@ class Gateway:
         self.keepalive_s = keepalive_s
         self.max_connections = max_connections
         self.honor_request_sampling = honor_request_sampling
+        self.external = ExternalRollouts(self)
+        """Rollouts whose agent runs outside raas (see :mod:`raas.gateway.external`)."""
         self.app = create_gateway_app(self)
         self._by_key: dict[str, GatewaySession] = {}
         self._endpoints: dict[str, list[_Endpoint]] = {}

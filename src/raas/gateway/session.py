@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,6 +133,11 @@ class GatewaySession:
         self.finish_reason: str | None = None
         self.closed = False
         self.in_flight = 0
+        self.idle = asyncio.Event()
+        """Set while no request is in flight."""
+        self.idle.set()
+        self.last_active = time.monotonic()
+        """When a request last arrived or finished (an external rollout's lease counts from it)."""
         self.responses: collections.OrderedDict[str, list[Msg]] = collections.OrderedDict()
         self._lock = asyncio.Lock()
 
@@ -157,6 +163,8 @@ class GatewaySession:
                 f"this rollout may make {self.agent.max_turns} model calls (max_turns)", stage="run"
             )
         self.in_flight += 1
+        self.idle.clear()
+        self.last_active = time.monotonic()
         try:
             async with self._lock:
                 place = await self._place(req)
@@ -174,6 +182,9 @@ class GatewaySession:
             return self._record(place, result, req)
         finally:
             self.in_flight -= 1
+            if self.in_flight == 0:
+                self.idle.set()
+            self.last_active = time.monotonic()
 
     def _remember(self, exc: BaseException) -> None:
         if isinstance(exc, RaasError):

@@ -357,8 +357,14 @@ def error_status(exc: RaasError) -> int:
 
 def error_body(api: str, exc: RaasError) -> dict[str, Any]:
     status, openai_type, anthropic_type = _ERRORS.get(exc.kind, (500, "server_error", "api_error"))
+    # The raas API's fields (``detail``; ``error.kind``, ``error.stage``) ride along with each SDK's own.
+    typed = {"kind": exc.kind, "stage": exc.stage or "run"}
     if api == "messages":
-        return {"type": "error", "error": {"type": anthropic_type, "message": exc.message}}
+        return {
+            "type": "error",
+            "error": {"type": anthropic_type, "message": exc.message, **typed},
+            "detail": exc.message,
+        }
     code: str | None = None
     if exc.kind == "context_window_exceeded":
         code = "context_length_exceeded"
@@ -366,7 +372,10 @@ def error_body(api: str, exc: RaasError) -> dict[str, Any]:
         code = "turn_limit"
     elif status >= 500:
         code = exc.kind
-    return {"error": {"message": exc.message, "type": openai_type, "param": None, "code": code}}
+    return {
+        "error": {"message": exc.message, "type": openai_type, "param": None, "code": code, **typed},
+        "detail": exc.message,
+    }
 
 
 def error_event(api: str, exc: RaasError) -> str:

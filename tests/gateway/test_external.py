@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 from tests.e2e.recording_proxy import RecordingProxy
-from tests.gateway.conftest import check_exact
+from tests.gateway.conftest import assert_output_is_servers, check_exact
 
 from raas.api.app import served
 from raas.core.trajectory import RunOutput
@@ -72,17 +72,13 @@ async def _open(http: httpx.AsyncClient, **extra: Any) -> dict[str, Any]:
     return r.json()
 
 
-def _wire_outputs(proxy: RecordingProxy) -> dict[tuple[int, ...], list[int]]:
-    """Prompt -> the token IDs llama-server answered, for plain and streamed generations."""
-    out: dict[tuple[int, ...], list[int]] = {}
-    for e in proxy.exchanges:
-        if e.path != "/completion" or e.status != 200:
-            continue
-        if isinstance(e.response, list):  # a stream: the IDs of every partial event, in order
-            out[tuple(e.request["prompt"])] = [t for ev in e.response for t in ev.get("tokens") or []]
-        else:
-            out[tuple(e.request["prompt"])] = e.response["tokens"]
-    return out
+def _answers(proxy: RecordingProxy) -> dict[tuple[int, ...], Any]:
+    """Prompt -> what llama-server answered (its JSON, or a stream's events)."""
+    return {
+        tuple(e.request["prompt"]): e.response
+        for e in proxy.exchanges
+        if e.path == "/completion" and e.status == 200
+    }
 
 
 async def test_an_external_agent_opens_drives_and_closes_a_rollout(
@@ -140,13 +136,14 @@ async def test_an_external_agent_opens_drives_and_closes_a_rollout(
     assert len(out.segments) == 2  # the Anthropic conversation is another token sequence
     assert out.artifacts["gateway"]["by_api"] == {"chat": 2, "messages": 1}
     check_exact(out)
-    wire = _wire_outputs(model)
+    wire = _answers(model)
     streamed = [e for e in model.exchanges if isinstance(e.response, list)]
     assert len(streamed) == 2  # the two streamed turns reached llama-server as streams
     by_segment: dict[int, list[int]] = {}
     for turn in out.turns:
         seq = by_segment.get(turn.segment, []) + turn.prompt_ids if turn.prompt_is_delta else turn.prompt_ids
-        assert wire.get(tuple(seq)) == turn.output_ids, f"turn {turn.index} differs from the server's"
+        assert tuple(seq) in wire, f"turn {turn.index}: a prompt the server never received"
+        assert_output_is_servers(turn.output_ids, turn.logprobs, wire[tuple(seq)])
         by_segment[turn.segment] = seq + turn.output_ids
     assert svc.gateway is not None and svc.gateway.sessions == []
 

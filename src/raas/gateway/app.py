@@ -30,10 +30,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from raas.errors import RaasError, error_body, route_error
-from raas.gateway import shapes
+from raas.gateway import shapes, streaming
 from raas.gateway.external import Closing
 from raas.gateway.messages import ChatRequest, from_chat, from_messages, from_responses
-from raas.gateway.session import Completion, GatewaySession
+from raas.gateway.session import Completion, GatewaySession, TextStream
 
 if TYPE_CHECKING:
     from raas.gateway.gateway import Gateway
@@ -112,7 +112,41 @@ def create_gateway_app(gateway: Gateway) -> Starlette:
 
         return handle
 
+    async def serve_incremental(request: Request, session: GatewaySession, req: ChatRequest) -> Response:
+        """A streamed Chat Completions or Messages request: the reply's text goes out as it is generated.
+        Until its first piece (or the first keep-alive interval), a failure is still an HTTP error."""
+        stream = TextStream()
+        task = asyncio.create_task(session.complete(req, stream))
+        started = asyncio.create_task(stream.started.wait())
+        gone = asyncio.create_task(_disconnected(request))
+        try:
+            await asyncio.wait(
+                {task, started, gone}, timeout=gateway.keepalive_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        except BaseException:
+            task.cancel()
+            raise
+        finally:
+            for waiter in (started, gone):
+                waiter.cancel()
+                with contextlib.suppress(BaseException):
+                    await waiter
+        if gone.done() and not gone.cancelled() and not task.done():
+            task.cancel()  # the client left: do not record a reply nobody will read
+            with contextlib.suppress(BaseException):
+                await task
+            return Response(status_code=499)
+        if task.done() and not stream.started.is_set():
+            task.result()  # a RaasError is the endpoint's error answer; a reply with no text streams below
+        return StreamingResponse(
+            streaming.incremental(task, stream, req, gateway.model_name, gateway.keepalive_s),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+
     async def serve(request: Request, session: GatewaySession, req: ChatRequest) -> Response:
+        if req.stream and req.api in ("chat", "messages"):
+            return await serve_incremental(request, session, req)
         response_id = f"resp_{uuid.uuid4().hex[:24]}"
         task = asyncio.create_task(session.complete(req))
         gone = asyncio.create_task(_disconnected(request))

@@ -31,6 +31,7 @@ from raas.errors import RaasError
 from raas.gateway.messages import ChatRequest, MessageKey, Msg, message_key, template_message, tools_key
 from raas.gateway.record import Reply, Segment, core_message, drift_of
 from raas.llm.balancer import LLMBalancer
+from raas.llm.stream_gaps import fill_gaps
 from raas.llm.tokenizer import ChatTokenizer, Conversation
 from raas.llm.types import SamplingParams
 
@@ -61,6 +62,21 @@ class Completion:
     completion_tokens: int
     cached_tokens: int
     parse_failed: bool = False
+
+
+class TextStream:
+    """A streaming request's reply text, piece by piece as the inference server generates it, and its
+    prompt's length once the request is placed (what a stream's first event reports)."""
+
+    def __init__(self) -> None:
+        self.pieces: asyncio.Queue[str] = asyncio.Queue()
+        self.prompt_tokens = 0
+        self.started = asyncio.Event()
+        """Set with the first piece of text."""
+
+    def put(self, piece: str) -> None:
+        self.pieces.put_nowait(piece)
+        self.started.set()
 
 
 @dataclass
@@ -143,8 +159,10 @@ class GatewaySession:
 
     # -- one request ---------------------------------------------------------------------------------
 
-    async def complete(self, req: ChatRequest) -> Completion:
-        """Render, generate, record; raises :class:`RaasError` (typed) for anything that went wrong."""
+    async def complete(self, req: ChatRequest, stream: TextStream | None = None) -> Completion:
+        """Render, generate, record; raises :class:`RaasError` (typed) for anything that went wrong.
+        With ``stream``, the text goes there as it is generated (where the server can stream); the
+        record is the same token-exact one."""
         self.stats.requests += 1
         self.stats.by_api[req.api] = self.stats.by_api.get(req.api, 0) + 1
         if self.closed:
@@ -170,9 +188,16 @@ class GatewaySession:
                 place = await self._place(req)
             try:
                 sampling = self._sampling(req, place.prompt_len)
+                if stream is not None:
+                    stream.prompt_tokens = place.prompt_len
                 result = await self.balancer.generate(
-                    place.prompt, sampling, trajectory_id=self.trajectory_id, group_id=self.group_id
+                    place.prompt,
+                    sampling,
+                    trajectory_id=self.trajectory_id,
+                    group_id=self.group_id,
+                    on_text=None if stream is None else stream.put,
                 )
+                fill_gaps(self.tok.tokenizer, result)  # a streamed reply's left-out IDs (token_mismatch)
             except BaseException as exc:
                 self._undo(place)
                 if isinstance(exc, RaasError) and exc.kind == "context_window_exceeded":

@@ -2,9 +2,11 @@
 
 Streams are real SSE: the same events, in the same order, that the OpenAI and Anthropic servers send
 (``data: {chunk}`` lines ending in ``data: [DONE]`` for Chat Completions; ``event: <type>`` +
-``data: {...}`` for Responses and Messages). Generation itself is token-in/token-out and not
-incremental, so the events follow once the policy has finished its reply; while a request waits (e.g.
-the balancer is paused for a weight sync) an SSE comment keeps the connection alive.
+``data: {...}`` for Responses and Messages). Chat Completions and Messages streams are written as the
+reply is generated (:class:`ChatChunks`, :class:`MessageEvents`; see :mod:`raas.gateway.streaming`);
+Responses streams, and any stream whose inference server cannot stream, follow once the reply is done.
+While a request waits (e.g. the balancer is paused for a weight sync) an SSE comment keeps the connection
+alive.
 """
 
 from __future__ import annotations
@@ -73,44 +75,58 @@ def _chat_usage(c: Completion) -> dict[str, Any]:
     }
 
 
-def chat_events(c: Completion, req: ChatRequest, model: str) -> Iterator[str]:
-    rid, created, name = _rid("chatcmpl"), int(time.time()), req.model or model
+class ChatChunks:
+    """One Chat Completions stream, written as the reply arrives: :meth:`head`, :meth:`text` per piece of
+    text, :meth:`end` with the finished completion (tool calls, finish reason, usage, ``[DONE]``)."""
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+    def __init__(self, req: ChatRequest, model: str) -> None:
+        self.req = req
+        self.rid, self.created, self.name = _rid("chatcmpl"), int(time.time()), req.model or model
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> str:
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        body = {
-            "id": rid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": name,
-            "choices": [choice],
-        }
-        return _sse(body)
+        return _sse(self._frame([choice]))
 
-    yield chunk({"role": "assistant", "content": ""})
-    for piece in _pieces(c.content):
-        yield chunk({"content": piece})
-    for i, t in enumerate(c.tool_calls):
-        head = {
-            "index": i,
-            "id": t["id"],
-            "type": "function",
-            "function": {"name": t["name"], "arguments": ""},
-        }
-        yield chunk({"tool_calls": [head]})
-        for piece in _pieces(_args_json(t)):
-            yield chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
-    yield chunk({}, c.finish)
-    if req.include_usage:
-        body = {
-            "id": rid,
+    def _frame(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.rid,
             "object": "chat.completion.chunk",
-            "created": created,
-            "model": name,
-            "choices": [],
+            "created": self.created,
+            "model": self.name,
+            "choices": choices,
         }
-        yield _sse({**body, "usage": _chat_usage(c)})
-    yield "data: [DONE]\n\n"
+
+    def head(self, prompt_tokens: int = 0) -> list[str]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def text(self, piece: str) -> list[str]:
+        return [self._chunk({"content": piece})]
+
+    def end(self, c: Completion) -> list[str]:
+        out = []
+        for i, t in enumerate(c.tool_calls):
+            head = {
+                "index": i,
+                "id": t["id"],
+                "type": "function",
+                "function": {"name": t["name"], "arguments": ""},
+            }
+            out.append(self._chunk({"tool_calls": [head]}))
+            for piece in _pieces(_args_json(t)):
+                out.append(self._chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}))
+        out.append(self._chunk({}, c.finish))
+        if self.req.include_usage:
+            out.append(_sse({**self._frame([]), "usage": _chat_usage(c)}))
+        out.append("data: [DONE]\n\n")
+        return out
+
+
+def chat_events(c: Completion, req: ChatRequest, model: str) -> Iterator[str]:
+    w = ChatChunks(req, model)
+    yield from w.head(c.prompt_tokens)
+    for piece in _pieces(c.content):
+        yield from w.text(piece)
+    yield from w.end(c)
 
 
 # -- OpenAI Responses ----------------------------------------------------------------------------------------
@@ -297,42 +313,91 @@ def messages_body(c: Completion, req: ChatRequest, model: str) -> dict[str, Any]
     }
 
 
-def messages_events(c: Completion, req: ChatRequest, model: str) -> Iterator[str]:
-    body = messages_body(c, req, model)
-    start = {**body, "content": [], "stop_reason": None, "usage": {**body["usage"], "output_tokens": 0}}
-    yield _sse({"type": "message_start", "message": start}, "message_start")
-    for index, block in enumerate(body["content"]):
-        if block["type"] == "text":
-            yield _sse(
-                {
-                    "type": "content_block_start",
-                    "index": index,
-                    "content_block": {"type": "text", "text": ""},
-                },
-                "content_block_start",
-            )
-            for piece in _pieces(block["text"]):
-                delta = {"type": "text_delta", "text": piece}
-                yield _sse(
-                    {"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"
+class MessageEvents:
+    """One Anthropic Messages stream, written as the reply arrives (see :class:`ChatChunks`): the text
+    block opens with the first piece of text; tool-use blocks follow at the end."""
+
+    def __init__(self, req: ChatRequest, model: str) -> None:
+        self.req, self.model = req, model
+        self.id = _rid("msg")
+        self.index = 0
+        self.text_open = False
+
+    def head(self, prompt_tokens: int = 0, cached_tokens: int = 0) -> list[str]:
+        start: dict[str, Any] = {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.req.model or self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": prompt_tokens,
+                "output_tokens": 0,
+                "cache_read_input_tokens": cached_tokens,
+                "cache_creation_input_tokens": 0,
+            },
+        }
+        return [_sse({"type": "message_start", "message": start}, "message_start")]
+
+    def _open_text(self) -> list[str]:
+        self.text_open = True
+        block = {
+            "type": "content_block_start",
+            "index": self.index,
+            "content_block": {"type": "text", "text": ""},
+        }
+        return [_sse(block, "content_block_start")]
+
+    def text(self, piece: str) -> list[str]:
+        out = [] if self.text_open else self._open_text()
+        delta = {"type": "text_delta", "text": piece}
+        out.append(
+            _sse({"type": "content_block_delta", "index": self.index, "delta": delta}, "content_block_delta")
+        )
+        return out
+
+    def end(self, c: Completion) -> list[str]:
+        out = []
+        if not self.text_open and not c.tool_calls:
+            out += self._open_text()  # an empty reply is one empty text block
+        if self.text_open:
+            out.append(_sse({"type": "content_block_stop", "index": self.index}, "content_block_stop"))
+            self.index += 1
+        for t in c.tool_calls:
+            head = {"type": "tool_use", "id": t["id"], "name": t["name"], "input": {}}
+            out.append(
+                _sse(
+                    {"type": "content_block_start", "index": self.index, "content_block": head},
+                    "content_block_start",
                 )
-        else:
-            head = {**block, "input": {}}
-            yield _sse(
-                {"type": "content_block_start", "index": index, "content_block": head}, "content_block_start"
             )
-            for piece in _pieces(json.dumps(block["input"], ensure_ascii=False)):
+            for piece in _pieces(json.dumps(t["arguments"], ensure_ascii=False)):
                 delta = {"type": "input_json_delta", "partial_json": piece}
-                yield _sse(
-                    {"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"
+                out.append(
+                    _sse(
+                        {"type": "content_block_delta", "index": self.index, "delta": delta},
+                        "content_block_delta",
+                    )
                 )
-        yield _sse({"type": "content_block_stop", "index": index}, "content_block_stop")
-    end: dict[str, Any] = {
-        "type": "message_delta",
-        "delta": {"stop_reason": body["stop_reason"], "stop_sequence": None},
-    }
-    yield _sse({**end, "usage": {"output_tokens": c.completion_tokens}}, "message_delta")
-    yield _sse({"type": "message_stop"}, "message_stop")
+            out.append(_sse({"type": "content_block_stop", "index": self.index}, "content_block_stop"))
+            self.index += 1
+        end: dict[str, Any] = {
+            "type": "message_delta",
+            "delta": {"stop_reason": _stop_reason(c), "stop_sequence": None},
+        }
+        out.append(_sse({**end, "usage": {"output_tokens": c.completion_tokens}}, "message_delta"))
+        out.append(_sse({"type": "message_stop"}, "message_stop"))
+        return out
+
+
+def messages_events(c: Completion, req: ChatRequest, model: str) -> Iterator[str]:
+    w = MessageEvents(req, model)
+    yield from w.head(c.prompt_tokens, c.cached_tokens)
+    for piece in _pieces(c.content):
+        yield from w.text(piece)
+    yield from w.end(c)
 
 
 # -- errors ----------------------------------------------------------------------------------------------------

@@ -1,0 +1,101 @@
+"""Incremental streaming: a Chat Completions or Messages reply forwarded to the agent as the inference
+server generates it, while the session records the turn's exact token IDs as for any request.
+
+What reaches the agent while the reply is generated is its text. Tool calls are read from the finished
+text (:func:`raas.agent.toolcalls.parse_tool_calls`, as for a request that does not stream), so for a
+request that offers tools the text is forwarded only up to where a tool call could begin (the first
+``<``, ``{``, ``[`` or backquote) and without trailing whitespace (the parser strips it); the rest of the
+reply's content and its tool calls follow when the generation is done. The agent thus sees exactly the
+content and tool calls a non-streaming request would have returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from raas.errors import RaasError
+from raas.gateway import shapes
+from raas.gateway.messages import ChatRequest
+from raas.gateway.session import Completion, TextStream
+
+CALL_START = ("<", "{", "[", "`")
+
+
+class HeldText:
+    """The part of the reply's text that may go out now (see the module docstring)."""
+
+    def __init__(self, tools: bool) -> None:
+        self.tools = tools
+        self.text = ""
+        self.sent = ""
+        self.stopped = False
+
+    def feed(self, piece: str) -> str:
+        self.text += piece
+        if self.stopped:
+            return ""
+        safe = self.text
+        if self.tools:
+            cut = min((i for i in (self.text.find(c) for c in CALL_START) if i >= 0), default=-1)
+            if cut >= 0:
+                safe = self.text[:cut]
+                self.stopped = True
+            safe = safe.rstrip()
+        out = safe[len(self.sent) :] if safe.startswith(self.sent) else ""
+        self.sent += out
+        return out
+
+    def rest(self, c: Completion) -> str:
+        """The completion's content not sent yet ('' where it does not extend what was sent)."""
+        return c.content[len(self.sent) :] if c.content.startswith(self.sent) else ""
+
+
+def writer(req: ChatRequest, model: str) -> shapes.ChatChunks | shapes.MessageEvents:
+    return shapes.ChatChunks(req, model) if req.api == "chat" else shapes.MessageEvents(req, model)
+
+
+async def incremental(
+    task: asyncio.Task[Completion], stream: TextStream, req: ChatRequest, model: str, keepalive_s: float
+) -> AsyncIterator[str]:
+    """The SSE events of ``task``'s reply, as ``stream`` receives its text. If the client leaves (the
+    response is cancelled), the request is cancelled with it and nothing is recorded."""
+    try:
+        w = writer(req, model)
+        held = HeldText(bool(req.tools) and req.tool_choice != "none")
+        for event in w.head(stream.prompt_tokens):
+            yield event
+        while True:
+            get = asyncio.ensure_future(stream.pieces.get())
+            done, _ = await asyncio.wait(
+                {get, task}, timeout=keepalive_s, return_when=asyncio.FIRST_COMPLETED
+            )
+            if get in done:
+                out = held.feed(get.result())
+                if out:
+                    for event in w.text(out):
+                        yield event
+                continue
+            get.cancel()
+            if task in done:
+                break
+            yield shapes.KEEPALIVE
+        while not stream.pieces.empty():
+            held.feed(stream.pieces.get_nowait())
+        try:
+            completion = task.result()
+        except RaasError as exc:
+            yield shapes.error_event(req.api, exc)
+            return
+        rest = held.rest(completion)
+        if rest:
+            for event in w.text(rest):
+                yield event
+        for event in w.end(completion):
+            yield event
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task

@@ -1,0 +1,143 @@
+"""Fill in the token IDs a llama.cpp stream leaves out (see :class:`raas.llm.servers.llamacpp.LlamaStream`).
+
+llama.cpp does not stream a token that leaves a multi-byte character incomplete; the event that completes
+the character carries its text but only its own ID. What is known of each gap: where it is, how many
+tokens it holds, and the bytes they spell. The IDs are recovered from the tokenizer's vocabulary: the one
+sequence of exactly that many tokens whose bytes are exactly those. When no sequence or more than one
+fits (or the bytes were never sent: a character cut off by the length limit), the IDs cannot be known
+and the turn fails as ``token_mismatch`` (infrastructure: filtered, never trained on a guess).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from typing import Any
+
+from raas.errors import RaasError
+from raas.llm.types import GenerateResult
+
+_HEX_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+MAX_GAP_BYTES = 16
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs = list(bs)
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+def _is_byte_level(tokenizer: Any) -> bool:
+    try:
+        decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
+    except (ValueError, AttributeError):
+        return False
+    parts = decoder.get("decoders") or [decoder]
+    return any(isinstance(p, dict) and p.get("type") == "ByteLevel" for p in parts)
+
+
+def vocab_bytes(tokenizer: Any) -> tuple[dict[bytes, list[int]], dict[int, bytes]]:
+    """Bytes -> the vocabulary IDs that spell them, and ID -> bytes (added and special tokens left out)."""
+    cached = getattr(tokenizer, "_raas_vocab_bytes", None)
+    if cached is not None:
+        return cached
+    byte_level = _is_byte_level(tokenizer)
+    decoder = _byte_decoder()
+    added = (
+        set(tokenizer.get_added_tokens_decoder()) if hasattr(tokenizer, "get_added_tokens_decoder") else set()
+    )
+    index: dict[bytes, list[int]] = {}
+    by_id: dict[int, bytes] = {}
+    for piece, tid in tokenizer.get_vocab(with_added_tokens=False).items():
+        if tid in added:
+            continue
+        hexed = _HEX_BYTE.match(piece)
+        if hexed:
+            raw = bytes([int(hexed.group(1), 16)])
+        elif byte_level and all(c in decoder for c in piece):
+            raw = bytes(decoder[c] for c in piece)
+        else:
+            raw = piece.replace("\u2581", " ").encode()
+        index.setdefault(raw, []).append(tid)
+        by_id[tid] = raw
+    try:
+        tokenizer._raas_vocab_bytes = (index, by_id)
+    except AttributeError:  # a tokenizer that takes no attributes: rebuilt per call
+        pass
+    return index, by_id
+
+
+def _spellings(data: bytes, count: int, index: dict[bytes, list[int]], limit: int = 2) -> list[list[int]]:
+    """Up to ``limit`` sequences of exactly ``count`` vocabulary IDs whose bytes are ``data``."""
+    found: list[list[int]] = []
+
+    def walk(at: int, left: int, acc: list[int]) -> None:
+        if len(found) >= limit:
+            return
+        if at == len(data):
+            if left == 0:
+                found.append(list(acc))
+            return
+        if left == 0:
+            return
+        for end in range(at + 1, len(data) + 1):
+            for tid in index.get(data[at:end], []):
+                acc.append(tid)
+                walk(end, left - 1, acc)
+                acc.pop()
+
+    walk(0, count, [])
+    return found
+
+
+def fill_gaps(tokenizer: Any, result: GenerateResult) -> None:
+    """Replace the ``-1`` placeholders of ``result.extra["stream_gaps"]`` by the IDs (see the module
+    docstring) and cut a reply generated past its limit at ``extra["stream_limit"]``; raises
+    ``token_mismatch`` when IDs cannot be known. Every streamed result must go through it."""
+    gaps = result.extra.pop("stream_gaps", None) or []
+    limit = result.extra.pop("stream_limit", None)
+    index, by_id = vocab_bytes(tokenizer) if gaps else ({}, {})
+    for gap in gaps:
+        at, count, text = int(gap["at"]), int(gap["count"]), gap.get("text")
+        if limit is not None and at >= limit:
+            continue  # past the limit: cut below
+        if text is None:
+            raise RaasError(
+                f"the streamed generation left out {count} token ID(s) at {at} whose text the server never "
+                "sent (a character cut off by the length limit): the exact IDs cannot be known",
+                kind="token_mismatch",
+            )
+        # the event's text is the missing tokens' bytes followed by those of the tokens it did list
+        own = b"".join(by_id.get(t, b"\xff\xff\xff\xff\xff") for t in gap["then"])
+        data = str(text).encode()
+        raw = data[: len(data) - len(own)] if data.endswith(own) and len(own) <= len(data) else None
+        if raw is None or len(raw) > MAX_GAP_BYTES:
+            raise RaasError(
+                f"the streamed generation left out {count} token ID(s) at {at} and its text {text!r} does "
+                "not end with the IDs it listed: the exact IDs cannot be known",
+                kind="token_mismatch",
+            )
+        found = _spellings(raw, count, index)
+        if len(found) != 1:
+            raise RaasError(
+                f"the streamed generation left out {count} token ID(s) at {at} spelling {raw!r}, and "
+                f"{'no' if not found else 'more than one'} sequence of the vocabulary spells them",
+                kind="token_mismatch",
+            )
+        result.output_ids[at : at + count] = found[0]
+    if limit is not None:
+        del result.output_ids[limit:]
+        del result.logprobs[limit:]
+    if gaps:
+        result.extra["stream_gaps_filled"] = sum(
+            int(g["count"]) for g in gaps if limit is None or g["at"] < limit
+        )

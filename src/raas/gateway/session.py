@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,7 @@ from raas.errors import RaasError
 from raas.gateway.messages import ChatRequest, MessageKey, Msg, message_key, template_message, tools_key
 from raas.gateway.record import Reply, Segment, core_message, drift_of
 from raas.llm.balancer import LLMBalancer
-from raas.llm.stream_gaps import fill_gaps
+from raas.llm.stream_gaps import Replay, fill_gaps
 from raas.llm.tokenizer import ChatTokenizer, Conversation
 from raas.llm.types import SamplingParams
 
@@ -190,6 +191,8 @@ class GatewaySession:
                 sampling = self._sampling(req, place.prompt_len)
                 if stream is not None:
                     stream.prompt_tokens = place.prompt_len
+                    if sampling.seed is None:  # a stream's left-out IDs may need the same sample again
+                        sampling = sampling.model_copy(update={"seed": secrets.randbits(31)})
                 result = await self.balancer.generate(
                     place.prompt,
                     sampling,
@@ -197,7 +200,7 @@ class GatewaySession:
                     group_id=self.group_id,
                     on_text=None if stream is None else stream.put,
                 )
-                fill_gaps(self.tok.tokenizer, result)  # a streamed reply's left-out IDs (token_mismatch)
+                await fill_gaps(self.tok.tokenizer, result, self._replay(place.prompt, sampling))
             except BaseException as exc:
                 self._undo(place)
                 if isinstance(exc, RaasError) and exc.kind == "context_window_exceeded":
@@ -210,6 +213,18 @@ class GatewaySession:
             if self.in_flight == 0:
                 self.idle.set()
             self.last_active = time.monotonic()
+
+    def _replay(self, prompt: list[int], sampling: SamplingParams) -> Replay:
+        """The same generation again, not streamed, up to ``n`` tokens (see :func:`fill_gaps`)."""
+
+        async def again(n: int) -> list[int]:
+            params = sampling.model_copy(update={"max_tokens": n})
+            result = await self.balancer.generate(
+                list(prompt), params, trajectory_id=self.trajectory_id, group_id=self.group_id
+            )
+            return [int(t) for t in result.output_ids]
+
+        return again
 
     def _remember(self, exc: BaseException) -> None:
         if isinstance(exc, RaasError):

@@ -4,14 +4,16 @@ llama.cpp does not stream a token that leaves a multi-byte character incomplete;
 the character carries its text but only its own ID. What is known of each gap: where it is, how many
 tokens it holds, and the bytes they spell. The IDs are recovered from the tokenizer's vocabulary: the one
 sequence of exactly that many tokens whose bytes are exactly those. When no sequence or more than one
-fits (or the bytes were never sent: a character cut off by the length limit), the IDs cannot be known
-and the turn fails as ``token_mismatch`` (infrastructure: filtered, never trained on a guess).
+fits (or the bytes were never sent), the reply is generated again, not streamed, with the same seed, and
+the gaps are taken from it once it agrees with every ID the stream did send; otherwise the IDs cannot be
+known and the turn fails as ``token_mismatch`` (infrastructure: filtered, never trained on a guess).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Awaitable, Callable
 from functools import lru_cache
 from typing import Any
 
@@ -99,41 +101,62 @@ def _spellings(data: bytes, count: int, index: dict[bytes, list[int]], limit: in
     return found
 
 
-def fill_gaps(tokenizer: Any, result: GenerateResult) -> None:
-    """Replace the ``-1`` placeholders of ``result.extra["stream_gaps"]`` by the IDs (see the module
-    docstring) and cut a reply generated past its limit at ``extra["stream_limit"]``; raises
-    ``token_mismatch`` when IDs cannot be known. Every streamed result must go through it."""
+Replay = Callable[[int], Awaitable[list[int]]]
+"""Generates the same reply again, not streamed, up to the given number of tokens (same seed)."""
+
+
+def _unknown(reason: str) -> RaasError:
+    return RaasError(f"{reason}: the exact IDs cannot be known", kind="token_mismatch")
+
+
+async def fill_gaps(tokenizer: Any, result: GenerateResult, replay: Replay | None = None) -> None:
+    """Replace the ``-1`` placeholders of ``result.extra["stream_gaps"]`` by the IDs, and cut a reply
+    generated past its limit at ``extra["stream_limit"]``. Every streamed result must go through it.
+
+    A gap is filled from the vocabulary when exactly one sequence of its length spells its bytes. The
+    others (several spellings, or text never sent) need ``replay``: the reply generated again, not
+    streamed, with the same seed (sampling is then deterministic), whose IDs must agree with every ID the
+    stream did send before its gaps are taken. Without a replay, or when it disagrees, ``token_mismatch``.
+    """
     gaps = result.extra.pop("stream_gaps", None) or []
     limit = result.extra.pop("stream_limit", None)
     index, by_id = vocab_bytes(tokenizer) if gaps else ({}, {})
+    open_gaps: list[tuple[int, int, str]] = []
     for gap in gaps:
         at, count, text = int(gap["at"]), int(gap["count"]), gap.get("text")
         if limit is not None and at >= limit:
             continue  # past the limit: cut below
         if text is None:
-            raise RaasError(
-                f"the streamed generation left out {count} token ID(s) at {at} whose text the server never "
-                "sent (a character cut off by the length limit): the exact IDs cannot be known",
-                kind="token_mismatch",
-            )
+            open_gaps.append((at, count, "its text was never sent (a character cut off by the limit)"))
+            continue
         # the event's text is the missing tokens' bytes followed by those of the tokens it did list
         own = b"".join(by_id.get(t, b"\xff\xff\xff\xff\xff") for t in gap["then"])
         data = str(text).encode()
         raw = data[: len(data) - len(own)] if data.endswith(own) and len(own) <= len(data) else None
         if raw is None or len(raw) > MAX_GAP_BYTES:
-            raise RaasError(
-                f"the streamed generation left out {count} token ID(s) at {at} and its text {text!r} does "
-                "not end with the IDs it listed: the exact IDs cannot be known",
-                kind="token_mismatch",
-            )
+            open_gaps.append((at, count, f"its event's text {text!r} does not end with the IDs it listed"))
+            continue
         found = _spellings(raw, count, index)
         if len(found) != 1:
-            raise RaasError(
-                f"the streamed generation left out {count} token ID(s) at {at} spelling {raw!r}, and "
-                f"{'no' if not found else 'more than one'} sequence of the vocabulary spells them",
-                kind="token_mismatch",
-            )
+            why = "no" if not found else "more than one"
+            open_gaps.append((at, count, f"{why} sequence of the vocabulary spells {raw!r}"))
+            continue
         result.output_ids[at : at + count] = found[0]
+    if open_gaps:
+        at, count, why = open_gaps[0]
+        if replay is None:
+            raise _unknown(f"the stream left out {count} token ID(s) at {at} and {why}")
+        end = max(a + c for a, c, _ in open_gaps)
+        again = await replay(end)
+        sent = [(i, t) for i, t in enumerate(result.output_ids[:end]) if t != -1]
+        if len(again) < end or any(again[i] != t for i, t in sent):
+            raise _unknown(
+                f"the stream left out {count} token ID(s) at {at} ({why}), and generating the reply again "
+                "with its seed gave other tokens"
+            )
+        for a, c, _ in open_gaps:
+            result.output_ids[a : a + c] = again[a : a + c]
+        result.extra["stream_replayed_tokens"] = end
     if limit is not None:
         del result.output_ids[limit:]
         del result.logprobs[limit:]

@@ -10,6 +10,7 @@ including the IDs llama.cpp leaves out of its stream."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from tests.doubles.llamacpp_stream import LlamaStreamDouble, gpt2_byte_decoder
-from tests.gateway.conftest import Rig, check_exact
+from tests.gateway.conftest import BASH_TOOL, Rig, check_exact
 
 from raas.agent.config import AgentConfig
 from raas.gateway import Gateway
@@ -236,3 +237,60 @@ async def test_a_stream_records_what_a_plain_generation_records_on_llama_server(
         await server.stop()
     assert filled > 0  # the case that needs recovering did occur
     assert replayed > 0  # and the case only a replay recovers
+
+
+async def test_with_tools_text_streams_until_a_call_begins_and_the_call_follows(
+    tok: ChatTokenizer, rig_for: Any
+) -> None:
+    """Tool calls are read from the finished text (as without streaming): the text before the call goes
+    out as it is generated, the call as tool_call deltas at the end, and the agent that re-sends what it
+    received continues the same token sequence."""
+    call = '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
+    ids = [*tok.encode("Let me look around. " + call), tok.eos_token_ids[0]]
+    rig, double = await rig_for([ids, [*tok.encode("Done."), tok.eos_token_ids[0]]])
+    ep = await rig.open("stream-tools")
+    client = ep.openai()
+    opening = asyncio.create_task(
+        client.chat.completions.create(model="m", messages=USER, tools=[BASH_TOOL], stream=True)
+    )
+    double.release(1)
+    chunks = (await opening).__aiter__()
+    assert (await anext(chunks)).choices[0].delta.role == "assistant"
+    text = ""
+    while not text.endswith("around."):
+        double.release(1)
+        text += (await anext(chunks)).choices[0].delta.content or ""
+    assert double.finished == 0  # the text reached the client before the reply was done
+    double.release_all()
+    calls: dict[str, Any] = {"id": "", "name": "", "arguments": ""}
+    finish = None
+    async for chunk in chunks:
+        delta = chunk.choices[0].delta
+        text += delta.content or ""
+        for tc in delta.tool_calls or []:
+            calls["id"] = tc.id or calls["id"]
+            calls["name"] += (tc.function and tc.function.name) or ""
+            calls["arguments"] += (tc.function and tc.function.arguments) or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert text == "Let me look around." and "<" not in text
+    assert calls["name"] == "bash" and json.loads(calls["arguments"]) == {"command": "ls"}
+    assert finish == "tool_calls"
+    reply = {
+        "role": "assistant",
+        "content": text,
+        "tool_calls": [
+            {
+                "id": calls["id"],
+                "type": "function",
+                "function": {"name": "bash", "arguments": calls["arguments"]},
+            }
+        ],
+    }
+    messages = [*USER, reply, {"role": "tool", "tool_call_id": calls["id"], "content": "a.txt"}]
+    r = await client.chat.completions.create(model="m", messages=messages, tools=[BASH_TOOL], stream=True)
+    assert "".join([c.choices[0].delta.content or "" async for c in r if c.choices]) == "Done."
+    out = ep.session.run_output()
+    assert (
+        out.turns[0].output_ids == ids and out.artifacts["gateway"]["continued"] == 1 and out.segments == []
+    )
+    check_exact(out)

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -37,6 +38,8 @@ from raas.gateway.session import Completion, GatewaySession, TextStream
 
 if TYPE_CHECKING:
     from raas.gateway.gateway import Gateway
+
+log = logging.getLogger("raas.gateway")
 
 SESSION_SCOPE_KEY = "raas.gateway.session"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -109,6 +112,10 @@ def create_gateway_app(gateway: Gateway) -> Starlette:
                 return await serve(request, session, req)
             except RaasError as exc:
                 return JSONResponse(shapes.error_body(api, exc), status_code=shapes.error_status(exc))
+            except Exception as exc:  # a bug of raas's own: still the API's JSON, never a bare 500 page
+                log.exception("gateway %s request failed", api)
+                error = RaasError(f"internal gateway error: {type(exc).__name__}: {exc}", kind="internal")
+                return JSONResponse(shapes.error_body(api, error), status_code=500)
 
         return handle
 

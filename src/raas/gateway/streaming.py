@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 from raas.errors import RaasError
@@ -21,6 +22,7 @@ from raas.gateway.messages import ChatRequest
 from raas.gateway.session import Completion, TextStream
 
 CALL_START = ("<", "{", "[", "`")
+log = logging.getLogger("raas.gateway")
 
 
 class HeldText:
@@ -87,6 +89,11 @@ async def incremental(
             completion = task.result()
         except RaasError as exc:
             yield shapes.error_event(req.api, exc)
+            return
+        except Exception as exc:  # a bug of raas's own: an error event, not a broken connection
+            log.exception("gateway stream failed")
+            error = RaasError(f"internal gateway error: {type(exc).__name__}: {exc}", kind="internal")
+            yield shapes.error_event(req.api, error)
             return
         rest = held.rest(completion)
         if rest:

@@ -18,6 +18,7 @@ import openai
 import pytest
 from tests.e2e.recording_proxy import RecordingProxy
 from tests.gateway.conftest import assert_output_is_servers, check_exact
+from tests.gateway.test_sandbox import GOLD_PATCH, harness_instance
 
 from raas.api.app import served
 from raas.core.trajectory import RunOutput
@@ -65,9 +66,8 @@ async def service(tmp_path: Path, model: RecordingProxy) -> AsyncIterator[tuple[
 
 
 async def _open(http: httpx.AsyncClient, **extra: Any) -> dict[str, Any]:
-    r = await http.post(
-        "/v1/gateway/rollouts", json={"instance": MATH, "sampling_params": SAMPLING, **extra}, headers=AUTH
-    )
+    body = {"instance": MATH, "sampling_params": SAMPLING, **extra}
+    r = await http.post("/v1/gateway/rollouts", json=body, headers=AUTH)
     assert r.status_code == 201, r.text
     return r.json()
 
@@ -216,3 +216,27 @@ async def test_an_abandoned_rollout_is_reaped(service: tuple[str, RolloutService
         assert r.status_code == 400 and r.json()["error"]["kind"] == "bad_request"
     assert svc.gateway is not None and svc.gateway.sessions == []
     assert svc.gateway.external.get(opened["rollout_id"]) is None
+
+
+async def test_a_harness_rollout_is_graded_on_the_patch_its_agent_sends(
+    service: tuple[str, RolloutService],
+) -> None:
+    """EVAL applies the external agent's patch in a fresh sandbox, adds the hidden tests and runs the
+    check, as for a sandboxed agent; without a patch the repository is as given and the check fails."""
+    url, _ = service
+    instance = harness_instance("command", command="true")
+    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+        rewards = []
+        for patch in (GOLD_PATCH, None):
+            opened = await _open(http, instance=instance)
+            body = {"patch": patch} if patch else {}
+            r = await http.post(
+                opened["close_url"].removeprefix(url), json=body, headers={"x-api-key": opened["key"]}
+            )
+            assert r.status_code == 200, r.text
+            res = await http.get(f"/v1/jobs/{opened['job_id']}/result", params={"wait": 120}, headers=AUTH)
+            result = res.json()
+            assert result["status"] == "completed", result.get("error")
+            assert result["filter"] is False and result["artifacts"]["patch"] == (patch or "")
+            rewards.append((result["reward"], result["resolved"]))
+    assert rewards == [(1.0, True), (0.0, False)]

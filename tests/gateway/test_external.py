@@ -21,11 +21,14 @@ from tests.gateway.conftest import assert_output_is_servers, check_exact
 from tests.gateway.test_sandbox import GOLD_PATCH, harness_instance
 
 from raas.api.app import served
+from raas.core.jobs import JobResult
 from raas.core.trajectory import RunOutput
 from raas.llm.embedded import EmbeddedServer
 from raas.llm.models import prepare_tokenizer
 from raas.pipeline.config import ServiceConfig
 from raas.pipeline.service import RolloutService
+from raas.trainer.grpo import assemble_batch
+from raas.trainer.types import Group
 
 pytestmark = pytest.mark.e2e
 
@@ -145,6 +148,13 @@ async def test_an_external_agent_opens_drives_and_closes_a_rollout(
         assert tuple(seq) in wire, f"turn {turn.index}: a prompt the server never received"
         assert_output_is_servers(turn.output_ids, turn.logprobs, wire[tuple(seq)])
         by_segment[turn.segment] = seq + turn.output_ids
+    # what a trainer builds from it: a row per token sequence, training on exactly the sampled IDs
+    group = Group(group_id="g", instance=MATH, size=1, results={0: JobResult.model_validate(result)})
+    batch = assemble_batch([group], 0, 1024, 256)
+    assert batch.job_ids == [opened["job_id"]] * 2
+    for row in range(2):
+        sampled = [t for turn in out.turns if turn.segment == row for t in turn.output_ids]
+        assert batch.responses[row][batch.loss_mask[row] == 1].tolist() == sampled
     assert svc.gateway is not None and svc.gateway.sessions == []
 
 

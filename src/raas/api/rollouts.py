@@ -13,7 +13,7 @@ import contextlib
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from raas.api.models import BODY_ERRORS, error_responses
 from raas.api.native import check_job_sizes, service_of
@@ -51,6 +51,8 @@ class RolloutRequest(BaseModel):
         120.0, gt=0, le=3600, description="How long to wait for a RUN worker to take the rollout"
     )
 
+    _has_data_source = field_validator("instance")(JobRequest._has_data_source.__func__)  # type: ignore[attr-defined]
+
 
 class RolloutOpened(BaseModel):
     rollout_id: str = Field(description="The rollout's id, which is also its job id")
@@ -78,6 +80,12 @@ async def open_rollout(body: RolloutRequest, request: Request) -> RolloutOpened:
     gateway = getattr(service, "gateway", None)
     if gateway is None:
         raise RaasError("no agent gateway here (not started, or a cluster router)", kind="unavailable")
+    if gateway.tokenizer is None:  # as a job whose handler needs one is refused at submit
+        raise RaasError(
+            "external rollouts need the policy's chat tokenizer and this service has none: start it with "
+            "--tokenizer DIR (or tokenizer_dir in the service config)",
+            kind="bad_request",
+        )
     job = JobRequest(
         instance=body.instance,
         sampling_params=body.sampling_params,

@@ -6,7 +6,11 @@ TCP port (mounted at ``/gateway``) the key alone says which. A missing, unknown,
 rollout's key is refused with the API's authentication error.
 
 A client that disconnects while its request waits or generates cancels it: nothing is recorded for a
-reply nobody received.
+reply nobody received. ``stream: true`` Chat Completions and Messages requests are answered as the reply
+is generated (:mod:`raas.gateway.streaming`).
+
+``POST /v1/rollouts/{id}/close`` (service port only) ends an external rollout with that rollout's key
+(:mod:`raas.gateway.external`).
 
 An unknown path or an unsupported method is answered (404, 405 with ``Allow``) in the raas API's error body
 (:func:`raas.errors.error_body`), whose ``error.message`` the OpenAI and Anthropic SDKs also read.

@@ -5,7 +5,7 @@ agent runs in reaches it through a Unix socket created in that sandbox's run dir
 out: it has no network) and a loopback TCP port inside the sandbox that the tool server forwards to that
 socket, so unmodified SDKs get an ordinary ``http://127.0.0.1:PORT`` base URL. The same routes are
 mounted on the service's HTTP port under ``/gateway``, attributed by key alone (for sandboxes with a
-network of their own, or agents outside raas).
+network of their own, or agents outside raas: :attr:`Gateway.external`, :mod:`raas.gateway.external`).
 
 Usage (what :class:`raas.tasks.harness.HarnessHandler` does)::
 

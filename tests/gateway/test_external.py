@@ -7,6 +7,7 @@ and the model server; streamed generations are recorded event by event)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -221,6 +222,19 @@ async def test_an_abandoned_rollout_is_reaped(service: tuple[str, RolloutService
             headers={"Authorization": f"Bearer {opened['key']}"},
         )
         assert r.status_code == 401
+        # requests renew the lease: a rollout busy for longer than its lease is not reaped
+        busy = await _open(http, lease_s=1.5)
+        chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        key = {"Authorization": f"Bearer {busy['key']}"}
+        started = asyncio.get_running_loop().time()
+        while asyncio.get_running_loop().time() - started < 3.0:
+            r = await http.post("/gateway/v1/chat/completions", json=chat, headers=key)
+            assert r.status_code == 200, r.text
+            await asyncio.sleep(0.7)
+        r = await http.post(f"/gateway/v1/rollouts/{busy['rollout_id']}/close", headers=key)
+        assert r.status_code == 200, r.text
+        res = await http.get(f"/v1/jobs/{busy['job_id']}/result", params={"wait": 60}, headers=AUTH)
+        assert res.json()["status"] == "completed" and len(res.json()["turns"]) >= 3
         # a bad instance is refused at open, like a bad job at submit, and leaves nothing waiting
         r = await http.post("/v1/gateway/rollouts", json={"instance": {"data_source": "math"}}, headers=AUTH)
         assert r.status_code == 400 and r.json()["error"]["kind"] == "bad_request"

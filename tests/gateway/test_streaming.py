@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from tests.doubles.llamacpp_stream import LlamaStreamDouble, gpt2_byte_decoder
-from tests.gateway.conftest import BASH_TOOL, Rig, check_exact
+from tests.gateway.conftest import ANTHROPIC_BASH, BASH_TOOL, Rig, check_exact
 
 from raas.agent.config import AgentConfig
 from raas.gateway import Gateway
@@ -294,3 +294,24 @@ async def test_with_tools_text_streams_until_a_call_begins_and_the_call_follows(
         out.turns[0].output_ids == ids and out.artifacts["gateway"]["continued"] == 1 and out.segments == []
     )
     check_exact(out)
+
+
+async def test_messages_stream_with_tools_ends_with_the_tool_use_block(
+    tok: ChatTokenizer, rig_for: Any
+) -> None:
+    call = '<tool_call>{"name": "bash", "arguments": {"command": "pwd"}}</tool_call>'
+    ids = [*tok.encode("Checking. " + call), tok.eos_token_ids[0]]
+    rig, double = await rig_for([ids])
+    double.release_all()
+    ep = await rig.open("stream-tool-use")
+    async with ep.anthropic().messages.stream(
+        model="m", max_tokens=64, messages=USER, tools=[ANTHROPIC_BASH]
+    ) as s:
+        kinds = [e.type async for e in s]
+        reply = await s.get_final_message()
+    assert reply.stop_reason == "tool_use"
+    assert [b.type for b in reply.content] == ["text", "tool_use"]
+    assert reply.content[0].text == "Checking."  # type: ignore[union-attr]
+    assert reply.content[1].input == {"command": "pwd"}  # type: ignore[union-attr]
+    assert kinds.index("text") < kinds.index("content_block_stop")  # text came before the block closed
+    assert ep.session.turns[0].output_ids == ids

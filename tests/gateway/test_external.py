@@ -24,10 +24,12 @@ from tests.gateway.test_sandbox import GOLD_PATCH, harness_instance
 from raas.api.app import served
 from raas.core.jobs import JobResult
 from raas.core.trajectory import RunOutput
+from raas.errors import RaasError
 from raas.llm.embedded import EmbeddedServer
 from raas.llm.models import prepare_tokenizer
 from raas.pipeline.config import ServiceConfig
 from raas.pipeline.service import RolloutService
+from raas.trainer.client import RaasClient
 from raas.trainer.grpo import assemble_batch
 from raas.trainer.types import Group
 
@@ -249,18 +251,16 @@ async def test_a_harness_rollout_is_graded_on_the_patch_its_agent_sends(
     check, as for a sandboxed agent; without a patch the repository is as given and the check fails."""
     url, _ = service
     instance = harness_instance("command", command="true")
-    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
-        rewards = []
+    rewards = []
+    async with RaasClient(url, token=TOKEN) as client:  # the trainer side's client, this time
         for patch in (GOLD_PATCH, None):
-            opened = await _open(http, instance=instance)
-            body = {"patch": patch} if patch else {}
-            r = await http.post(
-                opened["close_url"].removeprefix(url), json=body, headers={"x-api-key": opened["key"]}
-            )
-            assert r.status_code == 200, r.text
-            res = await http.get(f"/v1/jobs/{opened['job_id']}/result", params={"wait": 120}, headers=AUTH)
-            result = res.json()
+            opened = await client.open_rollout(instance, lease_s=60)
+            assert (await client.close_rollout(opened, patch=patch))["status"] == "closed"
+            result = await client.wait(opened["job_id"], timeout_s=120)
             assert result["status"] == "completed", result.get("error")
             assert result["filter"] is False and result["artifacts"]["patch"] == (patch or "")
             rewards.append((result["reward"], result["resolved"]))
+        with pytest.raises(RaasError) as err:  # its key died with it
+            await client.close_rollout(opened)
+        assert err.value.kind == "unauthorized"
     assert rewards == [(1.0, True), (0.0, False)]

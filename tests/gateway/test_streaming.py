@@ -315,3 +315,36 @@ async def test_messages_stream_with_tools_ends_with_the_tool_use_block(
     assert reply.content[1].input == {"command": "pwd"}  # type: ignore[union-attr]
     assert kinds.index("text") < kinds.index("content_block_stop")  # text came before the block closed
     assert ep.session.turns[0].output_ids == ids
+
+
+async def test_responses_text_deltas_reach_the_client_while_the_server_generates(
+    tok: ChatTokenizer, rig_for: Any
+) -> None:
+    ids = [*tok.encode("Sure, here is the answer you asked for."), tok.eos_token_ids[0]]
+    rig, double = await rig_for([ids])
+    ep = await rig.open("stream-responses")
+    client = ep.openai()
+    opening = asyncio.create_task(client.responses.create(model="m", input="Answer me.", stream=True))
+    double.release(1)
+    events = (await opening).__aiter__()
+    assert [(await anext(events)).type for _ in range(4)] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    texts = pieces(tok, ids)
+    for i, text in enumerate(texts):
+        if i:
+            double.release(1)
+        event = await anext(events)
+        assert event.type == "response.output_text.delta" and event.delta == text  # type: ignore[union-attr]
+        assert double.sent == i + 1 and double.finished == 0
+    double.release_all()
+    rest = [e async for e in events]
+    assert [e.type for e in rest][-1] == "response.completed"
+    done = rest[-1].response  # type: ignore[union-attr]
+    assert done.output_text == "".join(texts)
+    assert ep.session.turns[0].output_ids == ids
+    # the streamed response is remembered: previous_response_id continues the conversation
+    assert ep.session.history_of(done.id)[-1]["content"] == "".join(texts)

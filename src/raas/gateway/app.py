@@ -6,8 +6,8 @@ TCP port (mounted at ``/gateway``) the key alone says which. A missing, unknown,
 rollout's key is refused with the API's authentication error.
 
 A client that disconnects while its request waits or generates cancels it: nothing is recorded for a
-reply nobody received. ``stream: true`` Chat Completions and Messages requests are answered as the reply
-is generated (:mod:`raas.gateway.streaming`).
+reply nobody received. ``stream: true`` requests are answered as the reply is generated
+(:mod:`raas.gateway.streaming`).
 
 ``POST /v1/rollouts/{id}/close`` (service port only) ends an external rollout with that rollout's key
 (:mod:`raas.gateway.external`).
@@ -25,7 +25,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -124,7 +124,7 @@ def create_gateway_app(gateway: Gateway) -> Starlette:
         return handle
 
     async def serve_incremental(request: Request, session: GatewaySession, req: ChatRequest) -> Response:
-        """A streamed Chat Completions or Messages request: the reply's text goes out as it is generated.
+        """A streamed request: the reply's text goes out as it is generated.
         Until its first piece (or the first keep-alive interval), a failure is still an HTTP error."""
         stream = TextStream()
         task = asyncio.create_task(session.complete(req, stream))
@@ -149,24 +149,27 @@ def create_gateway_app(gateway: Gateway) -> Starlette:
             return Response(status_code=499)
         if task.done() and not stream.started.is_set():
             task.result()  # a RaasError is the endpoint's error answer; a reply with no text streams below
+        response_id = f"resp_{uuid.uuid4().hex[:24]}"
+
+        def remember(completion: Completion) -> None:
+            if req.api == "responses":
+                session.remember_response(response_id, _conversation_after(req, completion))
+
+        w = streaming.writer(req, gateway.model_name, response_id)
         return StreamingResponse(
-            streaming.incremental(task, stream, req, gateway.model_name, gateway.keepalive_s),
+            streaming.incremental(task, stream, req, w, gateway.keepalive_s, remember),
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
 
     async def serve(request: Request, session: GatewaySession, req: ChatRequest) -> Response:
-        if req.stream and req.api in ("chat", "messages"):
+        if req.stream:
             return await serve_incremental(request, session, req)
         response_id = f"resp_{uuid.uuid4().hex[:24]}"
         task = asyncio.create_task(session.complete(req))
         gone = asyncio.create_task(_disconnected(request))
         try:
-            done, _ = await asyncio.wait(
-                {task, gone},
-                timeout=gateway.keepalive_s if req.stream else None,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
             task.cancel()
             raise
@@ -174,27 +177,15 @@ def create_gateway_app(gateway: Gateway) -> Starlette:
             gone.cancel()
             with contextlib.suppress(BaseException):
                 await gone
-        if task in done:
-            completion = task.result()  # a RaasError propagates to the endpoint's error answer
-            if req.api == "responses":
-                session.remember_response(response_id, _conversation_after(req, completion))
-            if req.stream:
-                return StreamingResponse(
-                    iter(_events(req, completion, gateway.model_name, response_id)),
-                    media_type="text/event-stream",
-                    headers=SSE_HEADERS,
-                )
-            return JSONResponse(_body(req, completion, gateway.model_name, response_id))
-        if not req.stream:  # the client left: do not record a reply nobody will read
+        if task not in done:  # the client left: do not record a reply nobody will read
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
             return Response(status_code=499)
-        return StreamingResponse(
-            _wait_then_stream(session, task, req, gateway, response_id),
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
-        )
+        completion = task.result()  # a RaasError propagates to the endpoint's error answer
+        if req.api == "responses":
+            session.remember_response(response_id, _conversation_after(req, completion))
+        return JSONResponse(_body(req, completion, gateway.model_name, response_id))
 
     async def models(request: Request) -> Response:
         try:
@@ -303,41 +294,3 @@ def _body(req: ChatRequest, c: Completion, model: str, response_id: str) -> dict
     if req.api == "responses":
         return shapes.responses_body(c, req, model, response_id)
     return shapes.messages_body(c, req, model)
-
-
-def _events(req: ChatRequest, c: Completion, model: str, response_id: str) -> Iterator[str]:
-    if req.api == "chat":
-        return shapes.chat_events(c, req, model)
-    if req.api == "responses":
-        return shapes.responses_events(c, req, model, response_id)
-    return shapes.messages_events(c, req, model)
-
-
-async def _wait_then_stream(
-    session: GatewaySession,
-    task: asyncio.Task[Completion],
-    req: ChatRequest,
-    gateway: Gateway,
-    response_id: str,
-) -> AsyncIterator[str]:
-    """A streaming request still waiting after the first keep-alive interval: keep the connection alive
-    with SSE comments until the reply exists, then stream it (or the error, in the API's in-stream form).
-    If the client leaves, the stream is cancelled and so is the request."""
-    try:
-        while not task.done():
-            yield shapes.KEEPALIVE
-            await asyncio.wait({task}, timeout=gateway.keepalive_s)
-        try:
-            completion = task.result()
-        except RaasError as exc:
-            yield shapes.error_event(req.api, exc)
-            return
-        if req.api == "responses":
-            session.remember_response(response_id, _conversation_after(req, completion))
-        for event in _events(req, completion, gateway.model_name, response_id):
-            yield event
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task

@@ -2,9 +2,9 @@
 
 Streams are real SSE: the same events, in the same order, that the OpenAI and Anthropic servers send
 (``data: {chunk}`` lines ending in ``data: [DONE]`` for Chat Completions; ``event: <type>`` +
-``data: {...}`` for Responses and Messages). Chat Completions and Messages streams are written as the
-reply is generated (:class:`ChatChunks`, :class:`MessageEvents`; see :mod:`raas.gateway.streaming`);
-Responses streams, and any stream whose inference server cannot stream, follow once the reply is done.
+``data: {...}`` for Responses and Messages). Streams are written as the
+reply is generated (:class:`ChatChunks`, :class:`ResponseEvents`, :class:`MessageEvents`; see
+:mod:`raas.gateway.streaming`); a stream whose inference server cannot stream follows once the reply is done.
 While a request waits (e.g. the balancer is paused for a weight sync) an SSE comment keeps the connection
 alive.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 from raas.errors import RaasError
@@ -121,14 +120,6 @@ class ChatChunks:
         return out
 
 
-def chat_events(c: Completion, req: ChatRequest, model: str) -> Iterator[str]:
-    w = ChatChunks(req, model)
-    yield from w.head(c.prompt_tokens)
-    for piece in _pieces(c.content):
-        yield from w.text(piece)
-    yield from w.end(c)
-
-
 # -- OpenAI Responses ----------------------------------------------------------------------------------------
 
 
@@ -202,83 +193,113 @@ def _response_result(c: Completion, items: list[dict[str, Any]] | None = None) -
     }
 
 
-def responses_events(c: Completion, req: ChatRequest, model: str, response_id: str) -> Iterator[str]:
-    seq = 0
+class ResponseEvents:
+    """One Responses stream, written as the reply arrives (see :class:`ChatChunks`): the message item opens
+    with the first piece of text; function calls follow at the end."""
 
-    def event(kind: str, **data: Any) -> str:
-        nonlocal seq
-        seq += 1
-        return _sse({"type": kind, "sequence_number": seq - 1, **data}, kind)
+    def __init__(self, req: ChatRequest, model: str, response_id: str) -> None:
+        self.req, self.model, self.response_id = req, model, response_id
+        self.seq = 0
+        self.item_id = _rid("msg")
+        self.text_open = False
+        self.part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
 
-    frame = _response_frame(req, model, response_id, "in_progress")
-    yield event("response.created", response=frame)
-    yield event("response.in_progress", response=frame)
-    items = _output_items(c)
-    for index, item in enumerate(items):
-        if item["type"] == "message":
-            text = item["content"][0]["text"]
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "status": "in_progress", "content": []},
-            )
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            yield event(
+    def _event(self, kind: str, **data: Any) -> str:
+        self.seq += 1
+        return _sse({"type": kind, "sequence_number": self.seq - 1, **data}, kind)
+
+    def head(self, prompt_tokens: int = 0) -> list[str]:
+        frame = _response_frame(self.req, self.model, self.response_id, "in_progress")
+        return [
+            self._event("response.created", response=frame),
+            self._event("response.in_progress", response=frame),
+        ]
+
+    def _open_text(self) -> list[str]:
+        self.text_open = True
+        item = {
+            "type": "message",
+            "id": self.item_id,
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
+        return [
+            self._event("response.output_item.added", output_index=0, item=item),
+            self._event(
                 "response.content_part.added",
-                item_id=item["id"],
-                output_index=index,
+                item_id=self.item_id,
+                output_index=0,
                 content_index=0,
-                part=part,
-            )
-            for piece in _pieces(text):
-                yield event(
-                    "response.output_text.delta",
-                    item_id=item["id"],
-                    output_index=index,
-                    content_index=0,
-                    delta=piece,
-                    logprobs=[],
-                )
-            yield event(
-                "response.output_text.done",
-                item_id=item["id"],
-                output_index=index,
+                part=self.part,
+            ),
+        ]
+
+    def text(self, piece: str) -> list[str]:
+        out = [] if self.text_open else self._open_text()
+        out.append(
+            self._event(
+                "response.output_text.delta",
+                item_id=self.item_id,
+                output_index=0,
                 content_index=0,
-                text=text,
+                delta=piece,
                 logprobs=[],
             )
-            yield event(
-                "response.content_part.done",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                part={**part, "text": text},
-            )
-        else:
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "status": "in_progress", "arguments": ""},
+        )
+        return out
+
+    def end(self, c: Completion) -> list[str]:
+        items = _output_items(c)
+        if self.text_open and not (items and items[0]["type"] == "message"):  # text went out: its item stays
+            message = {"type": "message", "id": self.item_id, "status": "completed", "role": "assistant"}
+            items.insert(0, {**message, "content": [{**self.part, "text": c.content}]})
+        out: list[str] = []
+        if items and items[0]["type"] == "message":
+            items[0]["id"] = self.item_id
+            if not self.text_open:
+                out += self._open_text()
+            text = items[0]["content"][0]["text"]
+            where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+            out.append(self._event("response.output_text.done", **where, text=text, logprobs=[]))
+            out.append(self._event("response.content_part.done", **where, part={**self.part, "text": text}))
+            out.append(self._event("response.output_item.done", output_index=0, item=items[0]))
+        for index, item in enumerate(items):
+            if item["type"] == "message":
+                continue
+            out.append(
+                self._event(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "status": "in_progress", "arguments": ""},
+                )
             )
             for piece in _pieces(item["arguments"]):
-                yield event(
-                    "response.function_call_arguments.delta",
+                out.append(
+                    self._event(
+                        "response.function_call_arguments.delta",
+                        item_id=item["id"],
+                        output_index=index,
+                        delta=piece,
+                    )
+                )
+            out.append(
+                self._event(
+                    "response.function_call_arguments.done",
                     item_id=item["id"],
                     output_index=index,
-                    delta=piece,
+                    name=item["name"],
+                    arguments=item["arguments"],
                 )
-            yield event(
-                "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=index,
-                name=item["name"],
-                arguments=item["arguments"],
             )
-        yield event("response.output_item.done", output_index=index, item=item)
-    done = {**_response_frame(req, model, response_id, "completed"), **_response_result(c, items)}
-    yield event(
-        "response.incomplete" if done["status"] == "incomplete" else "response.completed", response=done
-    )
+            out.append(self._event("response.output_item.done", output_index=index, item=item))
+        done = {
+            **_response_frame(self.req, self.model, self.response_id, "completed"),
+            **_response_result(c, items),
+        }
+        kind = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
+        out.append(self._event(kind, response=done))
+        return out
 
 
 # -- Anthropic Messages -------------------------------------------------------------------------------------
@@ -392,14 +413,6 @@ class MessageEvents:
         return out
 
 
-def messages_events(c: Completion, req: ChatRequest, model: str) -> Iterator[str]:
-    w = MessageEvents(req, model)
-    yield from w.head(c.prompt_tokens, c.cached_tokens)
-    for piece in _pieces(c.content):
-        yield from w.text(piece)
-    yield from w.end(c)
-
-
 # -- errors ----------------------------------------------------------------------------------------------------
 
 # kind -> (HTTP status, OpenAI error type, Anthropic error type)
@@ -444,7 +457,7 @@ def error_body(api: str, exc: RaasError) -> dict[str, Any]:
 
 
 def error_event(api: str, exc: RaasError) -> str:
-    """An error after the stream's headers went out (the request waited past the first keep-alive)."""
+    """An error after the stream's headers went out (it is answered in the stream, in the API's form)."""
     body = error_body(api, exc)
     if api == "messages":
         return _sse(body, "error")

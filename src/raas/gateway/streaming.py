@@ -1,5 +1,5 @@
-"""Incremental streaming: a Chat Completions or Messages reply forwarded to the agent as the inference
-server generates it, while the session records the turn's exact token IDs as for any request.
+"""Incremental streaming: a Chat Completions, Responses or Messages reply forwarded to the agent as the
+inference server generates it, while the session records the turn's exact token IDs as for any request.
 
 What reaches the agent while the reply is generated is its text. Tool calls are read from the finished
 text (:func:`raas.agent.toolcalls.parse_tool_calls`, as for a request that does not stream), so for a
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from raas.errors import RaasError
 from raas.gateway import shapes
@@ -54,17 +54,29 @@ class HeldText:
         return c.content[len(self.sent) :] if c.content.startswith(self.sent) else ""
 
 
-def writer(req: ChatRequest, model: str) -> shapes.ChatChunks | shapes.MessageEvents:
-    return shapes.ChatChunks(req, model) if req.api == "chat" else shapes.MessageEvents(req, model)
+Writer = shapes.ChatChunks | shapes.ResponseEvents | shapes.MessageEvents
+
+
+def writer(req: ChatRequest, model: str, response_id: str) -> Writer:
+    if req.api == "chat":
+        return shapes.ChatChunks(req, model)
+    if req.api == "responses":
+        return shapes.ResponseEvents(req, model, response_id)
+    return shapes.MessageEvents(req, model)
 
 
 async def incremental(
-    task: asyncio.Task[Completion], stream: TextStream, req: ChatRequest, model: str, keepalive_s: float
+    task: asyncio.Task[Completion],
+    stream: TextStream,
+    req: ChatRequest,
+    w: Writer,
+    keepalive_s: float,
+    on_done: Callable[[Completion], None] | None = None,
 ) -> AsyncIterator[str]:
-    """The SSE events of ``task``'s reply, as ``stream`` receives its text. If the client leaves (the
-    response is cancelled), the request is cancelled with it and nothing is recorded."""
+    """The SSE events of ``task``'s reply, written by ``w`` as ``stream`` receives its text; ``on_done``
+    sees the completion before its last events. If the client leaves (the response is cancelled), the
+    request is cancelled with it and nothing is recorded."""
     try:
-        w = writer(req, model)
         held = HeldText(bool(req.tools) and req.tool_choice != "none")
         for event in w.head(stream.prompt_tokens):
             yield event
@@ -95,6 +107,8 @@ async def incremental(
             error = RaasError(f"internal gateway error: {type(exc).__name__}: {exc}", kind="internal")
             yield shapes.error_event(req.api, error)
             return
+        if on_done is not None:
+            on_done(completion)
         rest = held.rest(completion)
         if rest:
             for event in w.text(rest):

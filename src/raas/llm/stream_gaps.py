@@ -128,6 +128,8 @@ async def fill_gaps(tokenizer: Any, result: GenerateResult, replay: Replay | Non
         at, count, text = int(gap["at"]), int(gap["count"]), gap.get("text")
         if limit is not None and at >= limit:
             continue  # past the limit: cut below
+        if result.output_ids[at : at + count] != [-1] * count:
+            continue  # cut off already (after a stop token the client cut at)
         if text is None:
             open_gaps.append((at, count, "its text was never sent (a character cut off by the limit)"))
             continue

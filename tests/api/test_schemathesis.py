@@ -10,8 +10,8 @@ Where an answer depends on state the schema cannot express, the check is told so
 
 * ProRL's lifecycle (the reference server's semantics): the routes start *stopped* (503 until ``/start``),
   ``/start`` twice is 400, and a fuzzer may call ``/stop``;
-* a job's ``data_source`` must name a registered task handler (400 otherwise), and ProRL's
-  ``/add_llm_server`` takes any string and answers 400 for what is not an http(s) URL.
+* a job's (or an external rollout's) ``data_source`` must name a registered task handler (400 otherwise),
+  and ProRL's ``/add_llm_server`` takes any string and answers 400 for what is not an http(s) URL.
 
 ``/v1/events`` is an endless stream and is covered by its own test.
 """
@@ -48,7 +48,14 @@ STATE_DEPENDENT = schemathesis.Config.from_dict(
                 "checks": {"not_a_server_error": {"expected-statuses": [*SERVER_ERRORS_OK, "503"]}},
             },
             {
-                "include-path": ["/v1/jobs", "/v1/jobs:batch", "/process", "/start", "/add_llm_server"],
+                "include-path": [
+                    "/v1/jobs",
+                    "/v1/jobs:batch",
+                    "/v1/gateway/rollouts",
+                    "/process",
+                    "/start",
+                    "/add_llm_server",
+                ],
                 "checks": {"positive_data_acceptance": {"expected-statuses": [*POSITIVE, "400"]}},
             },
         ]

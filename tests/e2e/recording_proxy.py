@@ -2,7 +2,8 @@
 
 Why: to prove token exactness against a *real* model server, a test needs the server's own answers, byte
 for byte, independently of what raas recorded. raas talks to this proxy as if it were the server; the
-proxy forwards each request unchanged, returns the response unchanged, and keeps both.
+proxy forwards each request unchanged, returns the response unchanged, and keeps both (a streamed answer as
+the list of its events).
 """
 
 from __future__ import annotations
@@ -66,10 +67,10 @@ class RecordingProxy:
             content=body,
             headers=headers,
         )
+        streamed = upstream.headers.get("content-type", "").startswith("text/event-stream")
+        answer = _events(upstream.content) if streamed else _json(upstream.content)
         self.exchanges.append(
-            Exchange(
-                request.method, request.url.path, _json(body), upstream.status_code, _json(upstream.content)
-            )
+            Exchange(request.method, request.url.path, _json(body), upstream.status_code, answer)
         )
         drop = ("content-length", "transfer-encoding", "connection", "content-encoding")
         return Response(
@@ -103,6 +104,12 @@ class RecordingProxy:
             self._sock.close()
         if self._http is not None:
             await self._http.aclose()
+
+
+def _events(raw: bytes) -> list[Any]:
+    """A Server-Sent Events answer (a streamed generation): the JSON of each ``data:`` line, in order."""
+    lines = raw.decode(errors="replace").splitlines()
+    return [_json(line[len("data: ") :].encode()) for line in lines if line.startswith("data: {")]
 
 
 def _json(raw: bytes) -> Any:

@@ -175,6 +175,31 @@ def check_exact(out: RunOutput, sent: list[list[int]] | None = None) -> None:
             )
 
 
+def assert_output_is_servers(output_ids: list[int], logprobs: list[float | None], answer: Any) -> None:
+    """A turn's sampled IDs and logprobs are what llama-server answered. ``answer``: its JSON (a plain
+    generation) or the list of its stream's events. A stream lists each token at its position
+    (``tokens_predicted``) except those llama.cpp leaves out (the first bytes of a multi-byte character;
+    raas recovers them, checked against plain generations in test_streaming); a stream may run a few
+    tokens past the reply's limit, which the reply does not keep."""
+    if not isinstance(answer, list):
+        assert output_ids == answer["tokens"]
+        want = [p["logprob"] for p in answer["completion_probabilities"]]
+        assert [x for x in logprobs if x is not None] == pytest.approx(want)
+        return
+    final = answer[-1]
+    assert final["stop"] is True
+    assert len(output_ids) <= final["tokens_predicted"]
+    if len(output_ids) < final["tokens_predicted"]:
+        assert final["stop_type"] == "limit"
+    for event in answer[:-1]:
+        tokens = event["tokens"]
+        for j, tid in enumerate(tokens):
+            pos = event["tokens_predicted"] - len(tokens) + j
+            if pos < len(output_ids):
+                assert output_ids[pos] == tid, f"position {pos}"
+                assert logprobs[pos] == pytest.approx(event["completion_probabilities"][j]["logprob"])
+
+
 def sent_prompts(server: ScriptedLLM) -> list[list[int]]:
     return [list(r.prompt_ids) for r in server.requests]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from tests.e2e.recording_proxy import RecordingProxy
-from tests.gateway.conftest import ANTHROPIC_BASH, BASH_TOOL, Endpoint, check_exact
+from tests.gateway.conftest import ANTHROPIC_BASH, BASH_TOOL, Endpoint, assert_output_is_servers, check_exact
 
 from raas.agent.config import AgentConfig
 from raas.core.jobs import Job
@@ -80,9 +80,7 @@ def assert_exact_against_server(out: RunOutput, proxy: RecordingProxy) -> None:
         seq = seq + turn.prompt_ids if turn.prompt_is_delta else list(turn.prompt_ids)
         answer = wire.get(tuple(seq))
         assert answer is not None, f"turn {turn.index}: raas recorded a prompt the server never received"
-        assert turn.output_ids == answer["tokens"]
-        want = [p["logprob"] for p in answer["completion_probabilities"]]
-        assert [x for x in turn.logprobs if x is not None] == pytest.approx(want)
+        assert_output_is_servers(turn.output_ids, turn.logprobs, answer)
         seq += turn.output_ids
 
 

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from raas.api import dashboard, errors, native, prorl
+from raas.api import dashboard, errors, native, prorl, rollouts
 from raas.api.dashboard_stats import ServiceStats
 from raas.api.limits import HttpLimits, fit_to_fd_limit, guarded_protocol
 from raas.api.middleware import GuardMiddleware
@@ -55,6 +55,7 @@ def create_app(service: Served, *, manage_service: bool = True) -> FastAPI:
     app.state.prorl = prorl.ProRLGate()
     errors.install(app)
     app.include_router(native.router)
+    app.include_router(rollouts.router)
     app.include_router(prorl.router)
     app.mount("/gateway", _GatewayRoutes(service), name="gateway")
     cfg = service.config

@@ -6,7 +6,11 @@ TCP port (mounted at ``/gateway``) the key alone says which. A missing, unknown,
 rollout's key is refused with the API's authentication error.
 
 A client that disconnects while its request waits or generates cancels it: nothing is recorded for a
-reply nobody received.
+reply nobody received. ``stream: true`` requests are answered as the reply is generated
+(:mod:`raas.gateway.streaming`).
+
+``POST /v1/rollouts/{id}/close`` (service port only) ends an external rollout with that rollout's key
+(:mod:`raas.gateway.external`).
 
 An unknown path or an unsupported method is answered (404, 405 with ``Allow``) in the raas API's error body
 (:func:`raas.errors.error_body`), whose ``error.message`` the OpenAI and Anthropic SDKs also read.
@@ -18,8 +22,10 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
+import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -29,12 +35,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from raas.errors import RaasError, error_body, route_error
-from raas.gateway import shapes
+from raas.gateway import shapes, streaming
+from raas.gateway.external import Closing
 from raas.gateway.messages import ChatRequest, from_chat, from_messages, from_responses
-from raas.gateway.session import Completion, GatewaySession
+from raas.gateway.session import Completion, GatewaySession, TextStream
 
 if TYPE_CHECKING:
     from raas.gateway.gateway import Gateway
+
+log = logging.getLogger("raas.gateway")
 
 SESSION_SCOPE_KEY = "raas.gateway.session"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -66,7 +75,14 @@ def create_gateway_app(gateway: Gateway) -> Starlette:
             return bound
         session = gateway.session_for_key(key) if key else None
         if session is None:
-            raise RaasError("invalid API key: no running rollout has it", kind="unauthorized", stage="run")
+            raise RaasError(
+                "invalid API key: no running rollout has it"
+                if key
+                else "no API key: send the rollout's key as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
+                kind="unauthorized",
+                stage="run",
+            )
+        session.last_active = time.monotonic()
         return session
 
     async def read_json(request: Request) -> dict[str, Any]:
@@ -100,19 +116,60 @@ def create_gateway_app(gateway: Gateway) -> Starlette:
                 return await serve(request, session, req)
             except RaasError as exc:
                 return JSONResponse(shapes.error_body(api, exc), status_code=shapes.error_status(exc))
+            except Exception as exc:  # a bug of raas's own: still the API's JSON, never a bare 500 page
+                log.exception("gateway %s request failed", api)
+                error = RaasError(f"internal gateway error: {type(exc).__name__}: {exc}", kind="internal")
+                return JSONResponse(shapes.error_body(api, error), status_code=500)
 
         return handle
 
+    async def serve_incremental(request: Request, session: GatewaySession, req: ChatRequest) -> Response:
+        """A streamed request: the reply's text goes out as it is generated.
+        Until its first piece (or the first keep-alive interval), a failure is still an HTTP error."""
+        stream = TextStream()
+        task = asyncio.create_task(session.complete(req, stream))
+        started = asyncio.create_task(stream.started.wait())
+        gone = asyncio.create_task(_disconnected(request))
+        try:
+            await asyncio.wait(
+                {task, started, gone}, timeout=gateway.keepalive_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        except BaseException:
+            task.cancel()
+            raise
+        finally:
+            for waiter in (started, gone):
+                waiter.cancel()
+                with contextlib.suppress(BaseException):
+                    await waiter
+        if gone.done() and not gone.cancelled() and not task.done():
+            task.cancel()  # the client left: do not record a reply nobody will read
+            with contextlib.suppress(BaseException):
+                await task
+            return Response(status_code=499)
+        if task.done() and not stream.started.is_set():
+            task.result()  # a RaasError is the endpoint's error answer; a reply with no text streams below
+        response_id = f"resp_{uuid.uuid4().hex[:24]}"
+
+        def remember(completion: Completion) -> None:
+            if req.api == "responses":
+                session.remember_response(response_id, _conversation_after(req, completion))
+
+        w = streaming.writer(req, gateway.model_name, response_id)
+        return StreamingResponse(
+            streaming.incremental(task, stream, req, w, gateway.keepalive_s, remember),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+
     async def serve(request: Request, session: GatewaySession, req: ChatRequest) -> Response:
+        if req.stream:
+            return await serve_incremental(request, session, req)
         response_id = f"resp_{uuid.uuid4().hex[:24]}"
         task = asyncio.create_task(session.complete(req))
         gone = asyncio.create_task(_disconnected(request))
         try:
-            done, _ = await asyncio.wait(
-                {task, gone},
-                timeout=gateway.keepalive_s if req.stream else None,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
             task.cancel()
             raise
@@ -120,27 +177,15 @@ def create_gateway_app(gateway: Gateway) -> Starlette:
             gone.cancel()
             with contextlib.suppress(BaseException):
                 await gone
-        if task in done:
-            completion = task.result()  # a RaasError propagates to the endpoint's error answer
-            if req.api == "responses":
-                session.remember_response(response_id, _conversation_after(req, completion))
-            if req.stream:
-                return StreamingResponse(
-                    iter(_events(req, completion, gateway.model_name, response_id)),
-                    media_type="text/event-stream",
-                    headers=SSE_HEADERS,
-                )
-            return JSONResponse(_body(req, completion, gateway.model_name, response_id))
-        if not req.stream:  # the client left: do not record a reply nobody will read
+        if task not in done:  # the client left: do not record a reply nobody will read
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
             return Response(status_code=499)
-        return StreamingResponse(
-            _wait_then_stream(session, task, req, gateway, response_id),
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
-        )
+        completion = task.result()  # a RaasError propagates to the endpoint's error answer
+        if req.api == "responses":
+            session.remember_response(response_id, _conversation_after(req, completion))
+        return JSONResponse(_body(req, completion, gateway.model_name, response_id))
 
     async def models(request: Request) -> Response:
         try:
@@ -155,11 +200,36 @@ def create_gateway_app(gateway: Gateway) -> Starlette:
         history = session.history_of(prev) if isinstance(prev, str) else None
         return from_responses(body, history)
 
+    async def close_rollout(request: Request) -> Response:
+        """An external rollout's agent ends it (optionally with its final ``answer``/``patch``)."""
+        rollout_id = request.path_params["rollout_id"]
+        try:
+            if request.scope.get(SESSION_SCOPE_KEY) is not None:
+                raise RaasError("rollouts are closed on the service's /gateway routes", kind="not_found")
+            raw = await read_json(request) if await _has_body(request) else {}
+            closing = Closing(
+                answer=_opt_str(raw, "answer"),
+                patch=_opt_str(raw, "patch"),
+                metadata=_opt_dict(raw, "metadata"),
+            )
+            unknown = sorted(set(raw) - {"answer", "patch", "metadata"})
+            if unknown:
+                raise RaasError(
+                    f"unknown field(s) in the close body: {', '.join(unknown)}", kind="bad_request"
+                )
+            gateway.external.close(rollout_id, request_key(request), closing)
+        except RaasError as exc:
+            return JSONResponse(
+                error_body(exc.kind, exc.message, exc.stage or "run"), status_code=shapes.error_status(exc)
+            )
+        return JSONResponse({"rollout_id": rollout_id, "job_id": rollout_id, "status": "closed"})
+
     routes = [
         Route("/v1/chat/completions", endpoint("chat", lambda s, b: from_chat(b)), methods=["POST"]),
         Route("/v1/responses", endpoint("responses", parse_responses), methods=["POST"]),
         Route("/v1/messages", endpoint("messages", lambda s, b: from_messages(b)), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/rollouts/{rollout_id}/close", close_rollout, methods=["POST"]),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: _routing_error})
 
@@ -184,6 +254,25 @@ async def _routing_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(error_body(kind, message), status_code=status, headers=headers)
 
 
+async def _has_body(request: Request) -> bool:
+    length = request.headers.get("content-length")
+    return length != "0" if length is not None else "transfer-encoding" in request.headers
+
+
+def _opt_str(body: dict[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise RaasError(f"'{name}' must be a string", kind="bad_request", stage="run")
+    return value
+
+
+def _opt_dict(body: dict[str, Any], name: str) -> dict[str, Any]:
+    value = body.get(name, {})
+    if not isinstance(value, dict):
+        raise RaasError(f"'{name}' must be a JSON object", kind="bad_request", stage="run")
+    return value
+
+
 async def _disconnected(request: Request) -> None:
     """Returns when the client hangs up (the body has been read, so the next message is the disconnect)."""
     while True:
@@ -205,41 +294,3 @@ def _body(req: ChatRequest, c: Completion, model: str, response_id: str) -> dict
     if req.api == "responses":
         return shapes.responses_body(c, req, model, response_id)
     return shapes.messages_body(c, req, model)
-
-
-def _events(req: ChatRequest, c: Completion, model: str, response_id: str) -> Iterator[str]:
-    if req.api == "chat":
-        return shapes.chat_events(c, req, model)
-    if req.api == "responses":
-        return shapes.responses_events(c, req, model, response_id)
-    return shapes.messages_events(c, req, model)
-
-
-async def _wait_then_stream(
-    session: GatewaySession,
-    task: asyncio.Task[Completion],
-    req: ChatRequest,
-    gateway: Gateway,
-    response_id: str,
-) -> AsyncIterator[str]:
-    """A streaming request still waiting after the first keep-alive interval: keep the connection alive
-    with SSE comments until the reply exists, then stream it (or the error, in the API's in-stream form).
-    If the client leaves, the stream is cancelled and so is the request."""
-    try:
-        while not task.done():
-            yield shapes.KEEPALIVE
-            await asyncio.wait({task}, timeout=gateway.keepalive_s)
-        try:
-            completion = task.result()
-        except RaasError as exc:
-            yield shapes.error_event(req.api, exc)
-            return
-        if req.api == "responses":
-            session.remember_response(response_id, _conversation_after(req, completion))
-        for event in _events(req, completion, gateway.model_name, response_id):
-            yield event
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task

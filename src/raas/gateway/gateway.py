@@ -5,7 +5,7 @@ agent runs in reaches it through a Unix socket created in that sandbox's run dir
 out: it has no network) and a loopback TCP port inside the sandbox that the tool server forwards to that
 socket, so unmodified SDKs get an ordinary ``http://127.0.0.1:PORT`` base URL. The same routes are
 mounted on the service's HTTP port under ``/gateway``, attributed by key alone (for sandboxes with a
-network of their own, or agents outside raas).
+network of their own, or agents outside raas: :attr:`Gateway.external`, :mod:`raas.gateway.external`).
 
 Usage (what :class:`raas.tasks.harness.HarnessHandler` does)::
 
@@ -35,6 +35,7 @@ from raas.core.executors import Executor
 from raas.core.jobs import Job
 from raas.errors import RaasError
 from raas.gateway.app import SESSION_SCOPE_KEY, create_gateway_app
+from raas.gateway.external import ExternalRollouts
 from raas.gateway.session import GatewaySession
 from raas.llm.balancer import LLMBalancer
 from raas.llm.tokenizer import ChatTokenizer
@@ -135,6 +136,8 @@ class Gateway:
         self.keepalive_s = keepalive_s
         self.max_connections = max_connections
         self.honor_request_sampling = honor_request_sampling
+        self.external = ExternalRollouts(self)
+        """Rollouts whose agent runs outside raas (see :mod:`raas.gateway.external`)."""
         self.app = create_gateway_app(self)
         self._by_key: dict[str, GatewaySession] = {}
         self._endpoints: dict[str, list[_Endpoint]] = {}

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,7 @@ from raas.errors import RaasError
 from raas.gateway.messages import ChatRequest, MessageKey, Msg, message_key, template_message, tools_key
 from raas.gateway.record import Reply, Segment, core_message, drift_of
 from raas.llm.balancer import LLMBalancer
+from raas.llm.stream_gaps import Replay, fill_gaps
 from raas.llm.tokenizer import ChatTokenizer, Conversation
 from raas.llm.types import SamplingParams
 
@@ -60,6 +63,21 @@ class Completion:
     completion_tokens: int
     cached_tokens: int
     parse_failed: bool = False
+
+
+class TextStream:
+    """A streaming request's reply text, piece by piece as the inference server generates it, and its
+    prompt's length once the request is placed (what a stream's first event reports)."""
+
+    def __init__(self) -> None:
+        self.pieces: asyncio.Queue[str] = asyncio.Queue()
+        self.prompt_tokens = 0
+        self.started = asyncio.Event()
+        """Set with the first piece of text."""
+
+    def put(self, piece: str) -> None:
+        self.pieces.put_nowait(piece)
+        self.started.set()
 
 
 @dataclass
@@ -132,13 +150,20 @@ class GatewaySession:
         self.finish_reason: str | None = None
         self.closed = False
         self.in_flight = 0
+        self.idle = asyncio.Event()
+        """Set while no request is in flight."""
+        self.idle.set()
+        self.last_active = time.monotonic()
+        """When a request last arrived or finished (an external rollout's lease counts from it)."""
         self.responses: collections.OrderedDict[str, list[Msg]] = collections.OrderedDict()
         self._lock = asyncio.Lock()
 
     # -- one request ---------------------------------------------------------------------------------
 
-    async def complete(self, req: ChatRequest) -> Completion:
-        """Render, generate, record; raises :class:`RaasError` (typed) for anything that went wrong."""
+    async def complete(self, req: ChatRequest, stream: TextStream | None = None) -> Completion:
+        """Render, generate, record; raises :class:`RaasError` (typed) for anything that went wrong.
+        With ``stream``, the text goes there as it is generated (where the server can stream); the
+        record is the same token-exact one."""
         self.stats.requests += 1
         self.stats.by_api[req.api] = self.stats.by_api.get(req.api, 0) + 1
         if self.closed:
@@ -157,14 +182,25 @@ class GatewaySession:
                 f"this rollout may make {self.agent.max_turns} model calls (max_turns)", stage="run"
             )
         self.in_flight += 1
+        self.idle.clear()
+        self.last_active = time.monotonic()
         try:
             async with self._lock:
                 place = await self._place(req)
             try:
                 sampling = self._sampling(req, place.prompt_len)
+                if stream is not None:
+                    stream.prompt_tokens = place.prompt_len
+                    if sampling.seed is None:  # a stream's left-out IDs may need the same sample again
+                        sampling = sampling.model_copy(update={"seed": secrets.randbits(31)})
                 result = await self.balancer.generate(
-                    place.prompt, sampling, trajectory_id=self.trajectory_id, group_id=self.group_id
+                    place.prompt,
+                    sampling,
+                    trajectory_id=self.trajectory_id,
+                    group_id=self.group_id,
+                    on_text=None if stream is None else stream.put,
                 )
+                await fill_gaps(self.tok.tokenizer, result, self._replay(place.prompt, sampling))
             except BaseException as exc:
                 self._undo(place)
                 if isinstance(exc, RaasError) and exc.kind == "context_window_exceeded":
@@ -174,6 +210,21 @@ class GatewaySession:
             return self._record(place, result, req)
         finally:
             self.in_flight -= 1
+            if self.in_flight == 0:
+                self.idle.set()
+            self.last_active = time.monotonic()
+
+    def _replay(self, prompt: list[int], sampling: SamplingParams) -> Replay:
+        """The same generation again, not streamed, up to ``n`` tokens (see :func:`fill_gaps`)."""
+
+        async def again(n: int) -> list[int]:
+            params = sampling.model_copy(update={"max_tokens": n})
+            result = await self.balancer.generate(
+                list(prompt), params, trajectory_id=self.trajectory_id, group_id=self.group_id
+            )
+            return [int(t) for t in result.output_ids]
+
+        return again
 
     def _remember(self, exc: BaseException) -> None:
         if isinstance(exc, RaasError):

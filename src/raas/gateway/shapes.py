@@ -2,9 +2,11 @@
 
 Streams are real SSE: the same events, in the same order, that the OpenAI and Anthropic servers send
 (``data: {chunk}`` lines ending in ``data: [DONE]`` for Chat Completions; ``event: <type>`` +
-``data: {...}`` for Responses and Messages). Generation itself is token-in/token-out and not
-incremental, so the events follow once the policy has finished its reply; while a request waits (e.g.
-the balancer is paused for a weight sync) an SSE comment keeps the connection alive.
+``data: {...}`` for Responses and Messages). Streams are written as the
+reply is generated (:class:`ChatChunks`, :class:`ResponseEvents`, :class:`MessageEvents`; see
+:mod:`raas.gateway.streaming`); a stream whose inference server cannot stream follows once the reply is done.
+While a request waits (e.g. the balancer is paused for a weight sync) an SSE comment keeps the connection
+alive.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 from raas.errors import RaasError
@@ -73,44 +74,50 @@ def _chat_usage(c: Completion) -> dict[str, Any]:
     }
 
 
-def chat_events(c: Completion, req: ChatRequest, model: str) -> Iterator[str]:
-    rid, created, name = _rid("chatcmpl"), int(time.time()), req.model or model
+class ChatChunks:
+    """One Chat Completions stream, written as the reply arrives: :meth:`head`, :meth:`text` per piece of
+    text, :meth:`end` with the finished completion (tool calls, finish reason, usage, ``[DONE]``)."""
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+    def __init__(self, req: ChatRequest, model: str) -> None:
+        self.req = req
+        self.rid, self.created, self.name = _rid("chatcmpl"), int(time.time()), req.model or model
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> str:
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        body = {
-            "id": rid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": name,
-            "choices": [choice],
-        }
-        return _sse(body)
+        return _sse(self._frame([choice]))
 
-    yield chunk({"role": "assistant", "content": ""})
-    for piece in _pieces(c.content):
-        yield chunk({"content": piece})
-    for i, t in enumerate(c.tool_calls):
-        head = {
-            "index": i,
-            "id": t["id"],
-            "type": "function",
-            "function": {"name": t["name"], "arguments": ""},
-        }
-        yield chunk({"tool_calls": [head]})
-        for piece in _pieces(_args_json(t)):
-            yield chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
-    yield chunk({}, c.finish)
-    if req.include_usage:
-        body = {
-            "id": rid,
+    def _frame(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.rid,
             "object": "chat.completion.chunk",
-            "created": created,
-            "model": name,
-            "choices": [],
+            "created": self.created,
+            "model": self.name,
+            "choices": choices,
         }
-        yield _sse({**body, "usage": _chat_usage(c)})
-    yield "data: [DONE]\n\n"
+
+    def head(self, prompt_tokens: int = 0) -> list[str]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def text(self, piece: str) -> list[str]:
+        return [self._chunk({"content": piece})]
+
+    def end(self, c: Completion) -> list[str]:
+        out = []
+        for i, t in enumerate(c.tool_calls):
+            head = {
+                "index": i,
+                "id": t["id"],
+                "type": "function",
+                "function": {"name": t["name"], "arguments": ""},
+            }
+            out.append(self._chunk({"tool_calls": [head]}))
+            for piece in _pieces(_args_json(t)):
+                out.append(self._chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}))
+        out.append(self._chunk({}, c.finish))
+        if self.req.include_usage:
+            out.append(_sse({**self._frame([]), "usage": _chat_usage(c)}))
+        out.append("data: [DONE]\n\n")
+        return out
 
 
 # -- OpenAI Responses ----------------------------------------------------------------------------------------
@@ -186,83 +193,113 @@ def _response_result(c: Completion, items: list[dict[str, Any]] | None = None) -
     }
 
 
-def responses_events(c: Completion, req: ChatRequest, model: str, response_id: str) -> Iterator[str]:
-    seq = 0
+class ResponseEvents:
+    """One Responses stream, written as the reply arrives (see :class:`ChatChunks`): the message item opens
+    with the first piece of text; function calls follow at the end."""
 
-    def event(kind: str, **data: Any) -> str:
-        nonlocal seq
-        seq += 1
-        return _sse({"type": kind, "sequence_number": seq - 1, **data}, kind)
+    def __init__(self, req: ChatRequest, model: str, response_id: str) -> None:
+        self.req, self.model, self.response_id = req, model, response_id
+        self.seq = 0
+        self.item_id = _rid("msg")
+        self.text_open = False
+        self.part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
 
-    frame = _response_frame(req, model, response_id, "in_progress")
-    yield event("response.created", response=frame)
-    yield event("response.in_progress", response=frame)
-    items = _output_items(c)
-    for index, item in enumerate(items):
-        if item["type"] == "message":
-            text = item["content"][0]["text"]
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "status": "in_progress", "content": []},
-            )
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            yield event(
+    def _event(self, kind: str, **data: Any) -> str:
+        self.seq += 1
+        return _sse({"type": kind, "sequence_number": self.seq - 1, **data}, kind)
+
+    def head(self, prompt_tokens: int = 0) -> list[str]:
+        frame = _response_frame(self.req, self.model, self.response_id, "in_progress")
+        return [
+            self._event("response.created", response=frame),
+            self._event("response.in_progress", response=frame),
+        ]
+
+    def _open_text(self) -> list[str]:
+        self.text_open = True
+        item = {
+            "type": "message",
+            "id": self.item_id,
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
+        return [
+            self._event("response.output_item.added", output_index=0, item=item),
+            self._event(
                 "response.content_part.added",
-                item_id=item["id"],
-                output_index=index,
+                item_id=self.item_id,
+                output_index=0,
                 content_index=0,
-                part=part,
-            )
-            for piece in _pieces(text):
-                yield event(
-                    "response.output_text.delta",
-                    item_id=item["id"],
-                    output_index=index,
-                    content_index=0,
-                    delta=piece,
-                    logprobs=[],
-                )
-            yield event(
-                "response.output_text.done",
-                item_id=item["id"],
-                output_index=index,
+                part=self.part,
+            ),
+        ]
+
+    def text(self, piece: str) -> list[str]:
+        out = [] if self.text_open else self._open_text()
+        out.append(
+            self._event(
+                "response.output_text.delta",
+                item_id=self.item_id,
+                output_index=0,
                 content_index=0,
-                text=text,
+                delta=piece,
                 logprobs=[],
             )
-            yield event(
-                "response.content_part.done",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                part={**part, "text": text},
-            )
-        else:
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "status": "in_progress", "arguments": ""},
+        )
+        return out
+
+    def end(self, c: Completion) -> list[str]:
+        items = _output_items(c)
+        if self.text_open and not (items and items[0]["type"] == "message"):  # text went out: its item stays
+            message = {"type": "message", "id": self.item_id, "status": "completed", "role": "assistant"}
+            items.insert(0, {**message, "content": [{**self.part, "text": c.content}]})
+        out: list[str] = []
+        if items and items[0]["type"] == "message":
+            items[0]["id"] = self.item_id
+            if not self.text_open:
+                out += self._open_text()
+            text = items[0]["content"][0]["text"]
+            where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+            out.append(self._event("response.output_text.done", **where, text=text, logprobs=[]))
+            out.append(self._event("response.content_part.done", **where, part={**self.part, "text": text}))
+            out.append(self._event("response.output_item.done", output_index=0, item=items[0]))
+        for index, item in enumerate(items):
+            if item["type"] == "message":
+                continue
+            out.append(
+                self._event(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "status": "in_progress", "arguments": ""},
+                )
             )
             for piece in _pieces(item["arguments"]):
-                yield event(
-                    "response.function_call_arguments.delta",
+                out.append(
+                    self._event(
+                        "response.function_call_arguments.delta",
+                        item_id=item["id"],
+                        output_index=index,
+                        delta=piece,
+                    )
+                )
+            out.append(
+                self._event(
+                    "response.function_call_arguments.done",
                     item_id=item["id"],
                     output_index=index,
-                    delta=piece,
+                    name=item["name"],
+                    arguments=item["arguments"],
                 )
-            yield event(
-                "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=index,
-                name=item["name"],
-                arguments=item["arguments"],
             )
-        yield event("response.output_item.done", output_index=index, item=item)
-    done = {**_response_frame(req, model, response_id, "completed"), **_response_result(c, items)}
-    yield event(
-        "response.incomplete" if done["status"] == "incomplete" else "response.completed", response=done
-    )
+            out.append(self._event("response.output_item.done", output_index=index, item=item))
+        done = {
+            **_response_frame(self.req, self.model, self.response_id, "completed"),
+            **_response_result(c, items),
+        }
+        kind = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
+        out.append(self._event(kind, response=done))
+        return out
 
 
 # -- Anthropic Messages -------------------------------------------------------------------------------------
@@ -297,42 +334,83 @@ def messages_body(c: Completion, req: ChatRequest, model: str) -> dict[str, Any]
     }
 
 
-def messages_events(c: Completion, req: ChatRequest, model: str) -> Iterator[str]:
-    body = messages_body(c, req, model)
-    start = {**body, "content": [], "stop_reason": None, "usage": {**body["usage"], "output_tokens": 0}}
-    yield _sse({"type": "message_start", "message": start}, "message_start")
-    for index, block in enumerate(body["content"]):
-        if block["type"] == "text":
-            yield _sse(
-                {
-                    "type": "content_block_start",
-                    "index": index,
-                    "content_block": {"type": "text", "text": ""},
-                },
-                "content_block_start",
-            )
-            for piece in _pieces(block["text"]):
-                delta = {"type": "text_delta", "text": piece}
-                yield _sse(
-                    {"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"
+class MessageEvents:
+    """One Anthropic Messages stream, written as the reply arrives (see :class:`ChatChunks`): the text
+    block opens with the first piece of text; tool-use blocks follow at the end."""
+
+    def __init__(self, req: ChatRequest, model: str) -> None:
+        self.req, self.model = req, model
+        self.id = _rid("msg")
+        self.index = 0
+        self.text_open = False
+
+    def head(self, prompt_tokens: int = 0, cached_tokens: int = 0) -> list[str]:
+        start: dict[str, Any] = {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.req.model or self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": prompt_tokens,
+                "output_tokens": 0,
+                "cache_read_input_tokens": cached_tokens,
+                "cache_creation_input_tokens": 0,
+            },
+        }
+        return [_sse({"type": "message_start", "message": start}, "message_start")]
+
+    def _open_text(self) -> list[str]:
+        self.text_open = True
+        block = {
+            "type": "content_block_start",
+            "index": self.index,
+            "content_block": {"type": "text", "text": ""},
+        }
+        return [_sse(block, "content_block_start")]
+
+    def text(self, piece: str) -> list[str]:
+        out = [] if self.text_open else self._open_text()
+        delta = {"type": "text_delta", "text": piece}
+        out.append(
+            _sse({"type": "content_block_delta", "index": self.index, "delta": delta}, "content_block_delta")
+        )
+        return out
+
+    def end(self, c: Completion) -> list[str]:
+        out = []
+        if not self.text_open and not c.tool_calls:
+            out += self._open_text()  # an empty reply is one empty text block
+        if self.text_open:
+            out.append(_sse({"type": "content_block_stop", "index": self.index}, "content_block_stop"))
+            self.index += 1
+        for t in c.tool_calls:
+            head = {"type": "tool_use", "id": t["id"], "name": t["name"], "input": {}}
+            out.append(
+                _sse(
+                    {"type": "content_block_start", "index": self.index, "content_block": head},
+                    "content_block_start",
                 )
-        else:
-            head = {**block, "input": {}}
-            yield _sse(
-                {"type": "content_block_start", "index": index, "content_block": head}, "content_block_start"
             )
-            for piece in _pieces(json.dumps(block["input"], ensure_ascii=False)):
+            for piece in _pieces(json.dumps(t["arguments"], ensure_ascii=False)):
                 delta = {"type": "input_json_delta", "partial_json": piece}
-                yield _sse(
-                    {"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"
+                out.append(
+                    _sse(
+                        {"type": "content_block_delta", "index": self.index, "delta": delta},
+                        "content_block_delta",
+                    )
                 )
-        yield _sse({"type": "content_block_stop", "index": index}, "content_block_stop")
-    end: dict[str, Any] = {
-        "type": "message_delta",
-        "delta": {"stop_reason": body["stop_reason"], "stop_sequence": None},
-    }
-    yield _sse({**end, "usage": {"output_tokens": c.completion_tokens}}, "message_delta")
-    yield _sse({"type": "message_stop"}, "message_stop")
+            out.append(_sse({"type": "content_block_stop", "index": self.index}, "content_block_stop"))
+            self.index += 1
+        end: dict[str, Any] = {
+            "type": "message_delta",
+            "delta": {"stop_reason": _stop_reason(c), "stop_sequence": None},
+        }
+        out.append(_sse({**end, "usage": {"output_tokens": c.completion_tokens}}, "message_delta"))
+        out.append(_sse({"type": "message_stop"}, "message_stop"))
+        return out
 
 
 # -- errors ----------------------------------------------------------------------------------------------------
@@ -357,8 +435,14 @@ def error_status(exc: RaasError) -> int:
 
 def error_body(api: str, exc: RaasError) -> dict[str, Any]:
     status, openai_type, anthropic_type = _ERRORS.get(exc.kind, (500, "server_error", "api_error"))
+    # The raas API's fields (``detail``; ``error.kind``, ``error.stage``) ride along with each SDK's own.
+    typed = {"kind": exc.kind, "stage": exc.stage or "run"}
     if api == "messages":
-        return {"type": "error", "error": {"type": anthropic_type, "message": exc.message}}
+        return {
+            "type": "error",
+            "error": {"type": anthropic_type, "message": exc.message, **typed},
+            "detail": exc.message,
+        }
     code: str | None = None
     if exc.kind == "context_window_exceeded":
         code = "context_length_exceeded"
@@ -366,11 +450,14 @@ def error_body(api: str, exc: RaasError) -> dict[str, Any]:
         code = "turn_limit"
     elif status >= 500:
         code = exc.kind
-    return {"error": {"message": exc.message, "type": openai_type, "param": None, "code": code}}
+    return {
+        "error": {"message": exc.message, "type": openai_type, "param": None, "code": code, **typed},
+        "detail": exc.message,
+    }
 
 
 def error_event(api: str, exc: RaasError) -> str:
-    """An error after the stream's headers went out (the request waited past the first keep-alive)."""
+    """An error after the stream's headers went out (it is answered in the stream, in the API's form)."""
     body = error_body(api, exc)
     if api == "messages":
         return _sse(body, "error")

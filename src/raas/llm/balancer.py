@@ -35,6 +35,7 @@ from raas.core.metrics import observe_llm_attempt
 from raas.errors import RaasError
 from raas.llm.routing import GroupHomes, RoutingConfig
 from raas.llm.servers import ServerClient, detect_kind, make_client
+from raas.llm.servers.base import TextSink
 from raas.llm.types import GenerateResult, LLMUnavailable, SamplingParams
 
 
@@ -297,14 +298,16 @@ class LLMBalancer:
         *,
         trajectory_id: str | None = None,
         group_id: str | None = None,
+        on_text: TextSink | None = None,
     ) -> GenerateResult:
         """Generate on the trajectory's server (pinning it on first use; ``group_id``, the GRPO group's
         key, picks that first server under ``group`` routing), failing over on errors that mean the
-        server is gone. Waits while the balancer is paused."""
+        server is gone. Waits while the balancer is paused. ``on_text``: stream the text as it is
+        generated, where the server kind can (:attr:`ServerClient.streams`)."""
         sampling = sampling or SamplingParams()
         await self._admit()
         try:
-            return await self._generate(prompt_ids, sampling, trajectory_id, group_id)
+            return await self._generate(prompt_ids, sampling, trajectory_id, group_id, on_text)
         finally:
             self._leave()
 
@@ -314,6 +317,7 @@ class LLMBalancer:
         sampling: SamplingParams,
         trajectory_id: str | None,
         group_id: str | None,
+        on_text: TextSink | None = None,
     ) -> GenerateResult:
         tried: set[str] = set()
         last_error = "no inference server registered"
@@ -338,7 +342,10 @@ class LLMBalancer:
                 outcome = "error"
                 try:
                     client = await self._client(state)
-                    result = await client.generate(prompt_ids, sampling)
+                    if on_text is None:
+                        result = await client.generate(prompt_ids, sampling)
+                    else:
+                        result = await client.generate(prompt_ids, sampling, on_text)
                     outcome = "ok"
                 except RaasError as exc:
                     if exc.kind != "llm_unavailable":  # the server is there; the request is at fault

@@ -30,6 +30,7 @@ from raas.core.trajectory import EvalOutput, RunOutput
 from raas.errors import RaasError
 from raas.pipeline.clock import Budget, PauseClock, run_within
 from raas.pipeline.endings import Endings
+from raas.pipeline.external import is_external, run_external
 from raas.pipeline.prewarm import Prewarm
 from raas.pipeline.table import ActiveJob, JobTable
 from raas.pipeline.wiring import Layers
@@ -48,6 +49,8 @@ async def _call_init(a: ActiveJob, layers: Layers) -> object:
 
 async def _call_run(a: ActiveJob, layers: Layers) -> object:
     assert a.env is not None
+    if is_external(a, layers):  # the agent runs outside raas and talks to the gateway
+        return await run_external(a, layers)
     return await a.handler.run(a.job, a.env, layers.llm_context(a.job))
 
 

@@ -167,6 +167,18 @@ class TaskHandler(ABC):
     def validate_instance(self, instance: dict[str, Any]) -> None:  # noqa: B027 - optional hook
         """Raise ``RaasError(kind="bad_request")`` for an instance this handler cannot run (checked at submit)."""
 
+    def external_output(self, job: Job, env: Env, out: RunOutput, final: dict[str, Any]) -> RunOutput:
+        """An external rollout's RUN record (the gateway's turns; :mod:`raas.gateway.external`) completed
+        with what its agent sent when it closed (``final``: ``answer``, ``patch``, ``metadata``), so that
+        :meth:`eval` finds what this handler's own RUN would have left. By default ``answer`` (else the
+        text of the last reply) becomes ``out.answer``; override where EVAL reads something else."""
+        answer = final.get("answer")
+        if answer is None:
+            replies = [m for m in out.messages if m.role == "assistant"]
+            answer = replies[-1].content if replies else None
+        out.answer = answer
+        return out
+
     async def on_error(self, stage: str, job: Job, env: Env | None, exc: BaseException) -> None:  # noqa: B027
         """Called once when a stage fails, times out or is cancelled, before sandboxes are closed."""
 

@@ -209,6 +209,14 @@ class HarnessHandler(TaskHandler):
         out.artifacts["patch"] = await self._patch(sandbox)
         return out
 
+    def external_output(self, job: Job, env: Env, out: RunOutput, final: dict[str, Any]) -> RunOutput:
+        """An agent outside raas worked on its own copy of the repository: EVAL applies the ``patch`` it
+        sent at close (a ``git diff`` against the instance's files) exactly as it applies a sandboxed
+        agent's changes."""
+        out = super().external_output(job, env, out, final)
+        out.artifacts["patch"] = str(final.get("patch") or "")
+        return out
+
     async def _run_agent(
         self, job: Job, sandbox: Sandbox, gateway_env: dict[str, str], inst: dict[str, Any]
     ) -> tuple[int | None, bool, str]:

@@ -99,6 +99,7 @@ class RaasClient:
         params: dict[str, Any] | None = None,
         timeout_s: float | None = None,
         ok: Iterable[int] = (200, 201, 202),
+        headers: dict[str, str] | None = None,
     ) -> Any:
         attempts = 0
         while True:
@@ -108,6 +109,7 @@ class RaasClient:
                     path,
                     json=json_body,
                     params=params,
+                    headers=headers,
                     timeout=httpx.Timeout(timeout_s) if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
                 )
             except httpx.TimeoutException as e:
@@ -190,6 +192,51 @@ class RaasClient:
             res = await self.result(job_id, wait_s=max(left, 0.1))
             if res is not None:
                 return res
+
+    # -- external rollouts (an agent outside raas talks to the gateway) -------------------------------
+    async def open_rollout(
+        self,
+        instance: dict[str, Any],
+        *,
+        sampling_params: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+        priority: int | None = None,
+        lease_s: float | None = None,
+        open_timeout_s: float = 120.0,
+    ) -> dict[str, Any]:
+        """Open a rollout for an agent that runs outside raas: ``{rollout_id, job_id, key,
+        openai_base_url, anthropic_base_url, close_url, ...}`` (the agent's SDKs take the base URLs and
+        the key). Its result is the job's: ``wait(rollout["job_id"])``."""
+        body: dict[str, Any] = {"instance": instance, "open_timeout_s": open_timeout_s}
+        for name, value in (
+            ("sampling_params", sampling_params),
+            ("timeout_s", timeout_s),
+            ("priority", priority),
+            ("lease_s", lease_s),
+        ):
+            if value is not None:
+                body[name] = value
+        return await self._request(
+            "POST", "/v1/gateway/rollouts", json_body=body, timeout_s=open_timeout_s + self.timeout_s
+        )
+
+    async def close_rollout(
+        self,
+        rollout: dict[str, Any],
+        *,
+        answer: str | None = None,
+        patch: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """End a rollout :meth:`open_rollout` opened (with its key), with the agent's final ``answer`` or
+        ``patch``; EVAL then grades it."""
+        body = {
+            k: v for k, v in (("answer", answer), ("patch", patch), ("metadata", metadata)) if v is not None
+        }
+        path = f"/gateway/v1/rollouts/{quote(str(rollout['rollout_id']), safe='')}/close"
+        return await self._request(
+            "POST", path, json_body=body, headers={"Authorization": f"Bearer {rollout['key']}"}
+        )
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
         return await self._request("DELETE", f"/v1/jobs/{quote(job_id, safe='')}")

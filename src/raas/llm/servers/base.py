@@ -7,9 +7,10 @@ retries with backoff on connection errors and 5xx, timeouts, and the context-win
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, ClassVar
 
 import httpx
@@ -38,10 +39,17 @@ _CONTEXT_PHRASES = (
 )
 
 
+TextSink = Callable[[str], None]
+"""Receives a streamed generation's text, piece by piece, as the server sends it."""
+
+
 class ServerClient(ABC):
     """Client for one inference server address."""
 
     kind: ClassVar[str] = ""
+    streams: ClassVar[bool] = False
+    """True when :meth:`generate_streaming` forwards text as it is generated (else a generate call with a
+    text sink answers its text in one piece, once the generation is done)."""
 
     def __init__(
         self,
@@ -104,16 +112,29 @@ class ServerClient(ABC):
             )
         return room if sampling.max_tokens is None else min(room, sampling.max_tokens)
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> GenerateResult:
-        """One generate call with retries on connection errors and 5xx."""
+    async def generate_streaming(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, max_tokens: int, on_text: TextSink
+    ) -> GenerateResult:
+        """A generation streamed from the server (server kinds with ``streams``)."""
+        raise NotImplementedError
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, on_text: TextSink | None = None
+    ) -> GenerateResult:
+        """One generate call with retries on connection errors and 5xx. With ``on_text``, a server kind
+        that ``streams`` is asked for a stream and its text goes to ``on_text`` as it arrives (no retry
+        once text has gone out; see :meth:`post_stream`)."""
         if not prompt_ids:
             raise RaasError("empty prompt", kind="bad_request")
         await self.ensure_info()
         max_tokens = self.max_new_tokens(len(prompt_ids), sampling)
-        path, body = self.build_request(prompt_ids, sampling, max_tokens)
         start = time.perf_counter()
-        data = await self.post_json(path, body)
-        result = self.parse_response(data)
+        if on_text is not None and self.streams:
+            result = await self.generate_streaming(prompt_ids, sampling, max_tokens, on_text)
+        else:
+            path, body = self.build_request(prompt_ids, sampling, max_tokens)
+            data = await self.post_json(path, body)
+            result = self.parse_response(data)
         if sampling.stop_token_ids:
             _cut_at_stop(result, sampling.stop_token_ids)
         result.latency_s = time.perf_counter() - start
@@ -160,6 +181,44 @@ class ServerClient(ABC):
             except ValueError as exc:
                 raise LLMError(f"{url}: answer is not JSON: {r.text[:200]!r}") from exc
         raise LLMUnavailable(f"{url}: {last} (after {self.retries + 1} attempts)")
+
+    async def post_stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[Any]:
+        """POST for Server-Sent Events; yields each ``data:`` JSON as it arrives. Not retried: a server that
+        cannot be reached before the first event is ``llm_unavailable`` (the balancer may fail over, nothing
+        was sent on), one that fails after it is ``llm_error``."""
+        url = self.address + path
+        started = False
+        try:
+            async with self.http.stream("POST", url, json=body, timeout=self.request_timeout_s) as r:
+                if r.status_code >= 400:
+                    text = (await r.aread()).decode(errors="replace")[:500]
+                    if _is_context_error(text):
+                        raise ContextWindowExceeded(f"{url}: {text}")
+                    error = LLMUnavailable if r.status_code >= 500 else LLMError
+                    raise error(f"{url}: HTTP {r.status_code}: {text}")
+                async for line in r.aiter_lines():
+                    if line.startswith("error:"):
+                        raise LLMError(f"{url}: the stream reported an error: {line[6:].strip()[:500]}")
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        return
+                    try:
+                        event = json.loads(data)
+                    except ValueError as exc:
+                        raise LLMError(f"{url}: stream event is not JSON: {data[:200]!r}") from exc
+                    if isinstance(event, dict) and "error" in event:
+                        raise LLMError(f"{url}: the stream reported an error: {str(event['error'])[:500]}")
+                    started = True
+                    yield event
+        except httpx.TimeoutException as exc:
+            if not started and isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+                raise LLMUnavailable(f"{url}: {type(exc).__name__}") from exc
+            raise LLMTimeout(f"{url}: no stream event within {self.request_timeout_s:g}s") from exc
+        except httpx.TransportError as exc:
+            error = LLMError if started else LLMUnavailable
+            raise error(f"{url}: {type(exc).__name__}: {exc}") from exc
 
     async def get_json(self, path: str, timeout_s: float = 10.0) -> Any:
         url = self.address + path

@@ -10,14 +10,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from raas.llm.servers.base import ServerClient, int_list, logprob_of, require
+from raas.llm.servers.base import ServerClient, TextSink, int_list, logprob_of, require
 from raas.llm.types import GenerateResult, LLMError, SamplingParams, ServerInfo
 
 _FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
+OVERSHOOT = 3
+"""Tokens a stream may generate past ``max_tokens`` (a UTF-8 character is at most 4 bytes)."""
 
 
 class LlamaCppClient(ServerClient):
     kind: ClassVar[str] = "llamacpp"
+    streams: ClassVar[bool] = True
 
     async def fetch_info(self) -> ServerInfo:
         props = await self.get_json("/props")
@@ -50,6 +53,23 @@ class LlamaCppClient(ServerClient):
             body["seed"] = sampling.seed
         return "/completion", body
 
+    async def generate_streaming(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, max_tokens: int, on_text: TextSink
+    ) -> GenerateResult:
+        # A few tokens past the limit, when the context has room: a character the limit would cut off
+        # is then completed, so its bytes are streamed (llama.cpp never sends an incomplete one) and the
+        # IDs inside the limit can be recovered; the tokens past the limit are dropped (see LlamaStream).
+        ctx = self.info.context_length if self.info else None
+        room = max_tokens if ctx is None else max(ctx - len(prompt_ids), max_tokens)
+        path, body = self.build_request(prompt_ids, sampling, min(max_tokens + OVERSHOOT, room))
+        body["stream"] = True
+        reader = LlamaStream(limit=max_tokens)
+        async for event in self.post_stream(path, body):
+            piece = reader.feed(event)
+            if piece:
+                on_text(piece)
+        return reader.result()
+
     def parse_response(self, body: Any) -> GenerateResult:
         tokens = int_list(require(body, "tokens"), "tokens")
         logprobs = align_logprobs(tokens, body.get("completion_probabilities") or [])
@@ -65,6 +85,87 @@ class LlamaCppClient(ServerClient):
             prompt_tokens=int(body.get("tokens_evaluated") or 0),
             cached_tokens=cached,
             extra={"stop_type": stop_type, "timings": timings},
+        )
+
+
+class LlamaStream:
+    """Reads ``/completion``'s stream (``stream: true``, ``return_tokens``) into a :class:`GenerateResult`.
+
+    Each partial event carries ``content`` (the text since the last event), ``tokens`` (the IDs it adds),
+    ``tokens_predicted`` (the running count) and ``completion_probabilities``; the last has ``stop: true``,
+    ``stop_type``, ``timings``. llama.cpp sends no event for a token that leaves a multi-byte character
+    incomplete: the event of the token that completes it carries the whole character's text but only its
+    own ID. Those IDs are *gaps*, found from ``tokens_predicted``: each is recorded in ``extra
+    ["stream_gaps"]`` (position, count, the event's text and the IDs it did list), with ``-1`` placeholders
+    in ``output_ids``, for the caller to fill from its tokenizer (:func:`raas.llm.stream_gaps.fill_gaps`).
+    The text of bytes cut off by the length limit is never sent: such a gap has ``text: None``; the client
+    therefore asks for a few tokens past ``limit`` and the result holds them until ``fill_gaps`` has used
+    them and cut the reply at ``extra["stream_limit"]`` (finish ``length``).
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
+        self.ids: list[int] = []
+        self.logprobs: list[float | None] = []
+        self.gaps: list[dict[str, Any]] = []
+        self.final: dict[str, Any] | None = None
+
+    def feed(self, event: Any) -> str:
+        """Take one event; returns the text it adds ('' past ``limit``: that text is not the reply's)."""
+        if not isinstance(event, dict):
+            raise LLMError("llama.cpp stream event is not a JSON object")
+        content = event.get("content") or ""
+        if not isinstance(content, str):
+            raise LLMError("llama.cpp stream event: content is not a string")
+        if event.get("stop"):
+            self.final = event
+            self._gap(event.get("tokens_predicted"), [], None)
+        else:
+            tokens = int_list(event.get("tokens") or [], "tokens")
+            probs = event.get("completion_probabilities") or []
+            self._gap(event.get("tokens_predicted"), tokens, content)
+            self.ids.extend(tokens)
+            self.logprobs.extend(align_logprobs(tokens, probs))
+            if self.limit is not None and len(self.ids) > self.limit:
+                return ""
+        return content
+
+    def _gap(self, predicted: Any, tokens: list[int], text: str | None) -> None:
+        if isinstance(predicted, bool) or not isinstance(predicted, int):
+            return
+        count = predicted - len(self.ids) - len(tokens)
+        if count < 0:
+            raise LLMError(
+                f"llama.cpp stream: {len(self.ids) + len(tokens)} tokens but tokens_predicted {predicted}"
+            )
+        if count:
+            self.gaps.append({"at": len(self.ids), "count": count, "text": text, "then": list(tokens)})
+            self.ids.extend([-1] * count)
+            self.logprobs.extend([None] * count)
+
+    def result(self) -> GenerateResult:
+        final = self.final
+        if final is None:
+            raise LLMError("llama.cpp stream ended without its final event")
+        stop_type = final.get("stop_type") or ("eos" if final.get("stopped_eos") else "limit")
+        timings = final.get("timings") or {}
+        cached = final.get("tokens_cached")
+        if timings.get("cache_n") is not None:
+            cached = timings["cache_n"]
+        extra: dict[str, Any] = {"stop_type": stop_type, "timings": timings, "streamed": True}
+        finish = _FINISH.get(stop_type, "stop")
+        if self.gaps:
+            extra["stream_gaps"] = self.gaps
+        if self.limit is not None and len(self.ids) > self.limit:
+            extra["stream_limit"] = self.limit  # fill_gaps cuts there, once the gaps are filled
+            finish = "length"
+        return GenerateResult(
+            output_ids=self.ids,
+            logprobs=self.logprobs,
+            finish_reason=finish,
+            prompt_tokens=int(final.get("tokens_evaluated") or 0),
+            cached_tokens=cached,
+            extra=extra,
         )
 
 

@@ -27,20 +27,55 @@ from raas.errors import RaasError
 TERMINAL = ("completed", "failed", "timeout", "cancelled")
 
 
+BASE_AGENT: dict[str, int] = {"max_turns": 4, "max_tokens_per_turn": 256, "context_budget": 2048}
+"""The agent settings of a run whose task names none of its own (math and the built-in benchmarks are
+measured with these)."""
+
+
+def _default_help() -> dict[str, str]:
+    """``(default 4; SWE tasks 30)``: the generic default and each task's own, for ``raas run --help``."""
+    from raas.tasks.swe.config import AGENT_DEFAULTS as SWE
+
+    return {k: f"(default {v}; SWE tasks {SWE[k]})" for k, v in BASE_AGENT.items()}
+
+
+_DEFAULTS = _default_help()
+
+
+def agent_settings(
+    instances: list[dict[str, Any]], chosen: dict[str, int | None]
+) -> tuple[dict[str, int], list[dict[str, int]]]:
+    """The run's agent settings (``chosen``, the user's, over :data:`BASE_AGENT`) and, per instance, the
+    settings its task handler's ``agent_defaults`` add where the user chose nothing (sent per job)."""
+    from raas.tasks.registry import HandlerRegistry
+
+    user = {k: v for k, v in chosen.items() if v is not None}
+    classes = HandlerRegistry().classes()
+    extra: list[dict[str, int]] = []
+    for inst in instances:
+        cls = classes.get(str(inst.get("data_source")))
+        defaults = cls.agent_defaults if cls is not None else {}
+        extra.append({k: v for k, v in defaults.items() if k not in user})
+    return {**BASE_AGENT, **user}, extra
+
+
 def make_jobs(
     instances: list[dict[str, Any]],
     n_samples: int,
     run_id: str,
     sampling_params: dict[str, Any] | None,
     timeout_s: float | None,
+    per_instance: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """One request per (instance, sample); job ids are unique per run so reruns never collide."""
+    """One request per (instance, sample); job ids are unique per run so reruns never collide.
+    ``per_instance[i]`` adds to instance i's sampling params (its handler's agent defaults)."""
     jobs = []
     for i, inst in enumerate(instances):
+        params = {**(sampling_params or {}), **(per_instance[i] if per_instance else {})}
         for k in range(n_samples):
             body: dict[str, Any] = {"instance": inst, "job_id": f"{run_id}-{i:05d}-{k}"}
-            if sampling_params:
-                body["sampling_params"] = sampling_params
+            if params:
+                body["sampling_params"] = params
             if timeout_s:
                 body["timeout_s"] = timeout_s
             jobs.append(body)
@@ -228,13 +263,14 @@ async def run_dataset(
     tokenizer_dir: Path | None,
     llm_context: int,
     token: str | None,
+    per_instance: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run every instance ``n_samples`` times and return the summary; the whole stack lives and dies here
     unless ``server`` points at a running service."""
     from raas.trainer.client import RaasClient
 
     run_id = "run-" + secrets.token_hex(4)
-    jobs = make_jobs(instances, n_samples, run_id, sampling, job_timeout_s)
+    jobs = make_jobs(instances, n_samples, run_id, sampling, job_timeout_s, per_instance)
     started = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
         url = server
@@ -324,9 +360,22 @@ def run(
         str, typer.Option(help="auto (bwrap if possible, else local), bwrap, apptainer, local")
     ] = "auto",
     image: Annotated[str | None, typer.Option(help="Sandbox image (rootfs dir, SIF, docker://...)")] = None,
-    max_turns: Annotated[int, typer.Option(min=1)] = 4,
-    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens per turn")] = 256,
-    context_budget: Annotated[int, typer.Option(min=64, help="Prompt + response tokens per rollout")] = 2048,
+    max_turns: Annotated[
+        int | None,
+        typer.Option(min=1, show_default=False, help=f"Agent turns per rollout {_DEFAULTS['max_turns']}"),
+    ] = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(min=1, show_default=False, help=f"Tokens per turn {_DEFAULTS['max_tokens_per_turn']}"),
+    ] = None,
+    context_budget: Annotated[
+        int | None,
+        typer.Option(
+            min=64,
+            show_default=False,
+            help=f"Prompt + response tokens per rollout {_DEFAULTS['context_budget']}",
+        ),
+    ] = None,
     temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Sampling seed (per request)")] = None,
     timeout: Annotated[float, typer.Option(min=1.0, help="Seconds of in-stage time per rollout")] = 600.0,
@@ -356,7 +405,10 @@ def run(
     sampling: dict[str, Any] = {"temperature": temperature}
     if seed is not None:
         sampling["seed"] = seed
-    agent = {"max_turns": max_turns, "max_tokens_per_turn": max_tokens, "context_budget": context_budget}
+    agent, per_instance = agent_settings(
+        instances,
+        {"max_turns": max_turns, "max_tokens_per_turn": max_tokens, "context_budget": context_budget},
+    )
     if server:
         # A running service keeps its own agent settings unless the job overrides them.
         sampling.update(agent)
@@ -374,8 +426,11 @@ def run(
                 job_timeout_s=timeout,
                 workers=(init_workers, run_workers, eval_workers),
                 tokenizer_dir=tokenizer,
-                llm_context=max(context_budget, 2048),
+                llm_context=max(
+                    2048, agent["context_budget"], *(e.get("context_budget", 0) for e in per_instance)
+                ),
                 token=os.environ.get("RAAS_API_TOKEN"),
+                per_instance=per_instance,
             )
         )
     except RaasError as e:

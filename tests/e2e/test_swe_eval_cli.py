@@ -119,3 +119,55 @@ def test_swe_eval_one_patch_file(swe_records: list[SweRecord], tmp_path: Path) -
     missing = swe_eval(tmp_path, "swe.json", "--patch", "fix.diff", mark=mark)
     assert missing.returncode == 2 and "--patch needs --instance" in missing.stderr
     assert wait_gone(mark) == []
+
+
+def test_raas_run_replay_policy_plays_the_patches(swe_records: list[SweRecord], tmp_path: Path) -> None:  # noqa: F811
+    """``raas run --policy replay``: no model; each patch is applied through the RUN sandbox's bash tool,
+    taken back out by the handler and graded in EVAL (gold: resolved; a note: unresolved)."""
+    gold, other = swe_records[3], swe_records[7]
+    data = tmp_path / "swe.jsonl"
+    data.write_text(
+        json.dumps(gold.model_dump(mode="json")) + "\n" + json.dumps(other.model_dump(mode="json")) + "\n"
+    )
+    preds = tmp_path / "preds.json"
+    preds.write_text(
+        json.dumps(
+            {
+                gold.instance_id: {"model_patch": gold.patch, "model_name_or_path": "gold"},
+                other.instance_id: {"model_patch": NOTE, "model_name_or_path": "note"},
+            }
+        )
+    )
+    mark = uuid.uuid4().hex
+    args = ["run", str(data), "--policy", "replay", "--patches", str(preds), "--sandbox", "bwrap", "--json"]
+    proc = subprocess.run(
+        [*RAAS, *args, "-o", str(tmp_path / "out.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=marked_env(mark),
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["status"] == {"completed": 2} and summary["reward_mean"] == 0.5, summary
+    rows = {r["instance_id"]: r for r in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
+    g, o = rows[gold.instance_id], rows[other.instance_id]
+    assert (g["reward"], g["artifacts"]["outcome"], g["artifacts"]["finish_reason"]) == (
+        1.0,
+        "resolved",
+        "finish_tool",
+    )
+    assert g["artifacts"]["git_patch"].strip() and g["turns"] and g["token_trajectory"]["response_ids"]
+    assert "NOTES.md" in o["artifacts"]["git_patch"] and o["artifacts"]["outcome"] == "unresolved"
+    assert o["reward"] == 0.0
+    bad = subprocess.run(
+        [*RAAS, "run", str(data), "--policy", "replay"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert bad.returncode == 2 and "--policy replay needs --patches" in bad.stderr
+    assert wait_gone(mark) == []

@@ -264,22 +264,36 @@ async def run_dataset(
     llm_context: int,
     token: str | None,
     per_instance: list[dict[str, Any]] | None = None,
+    replay_patches: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run every instance ``n_samples`` times and return the summary; the whole stack lives and dies here
-    unless ``server`` points at a running service."""
+    unless ``server`` points at a running service. ``replay_patches`` (instance_id -> patch): the replay
+    policy plays them instead of a model (:mod:`raas.tasks.swe.replay`)."""
     from raas.trainer.client import RaasClient
 
     run_id = "run-" + secrets.token_hex(4)
-    jobs = make_jobs(instances, n_samples, run_id, sampling, job_timeout_s, per_instance)
     started = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
         url = server
+        servers = list(llm)
+        if replay_patches is not None:
+            from raas.llm.models import default_tokenizer_dir
+            from raas.llm.scripted import ScriptedLLM
+            from raas.llm.tokenizer import ChatTokenizer
+            from raas.tasks.swe.replay import replay_book
+
+            tok = ChatTokenizer.from_pretrained(tokenizer_dir or default_tokenizer_dir())
+            book, scripts = replay_book(tok, replay_patches, instances)
+            per_instance = [
+                {**(per_instance[i] if per_instance else {}), **sp} for i, sp in enumerate(scripts)
+            ]
+            servers = [(await stack.enter_async_context(ScriptedLLM(book))).url]
+        jobs = make_jobs(instances, n_samples, run_id, sampling, job_timeout_s, per_instance)
         if url is None:
             from raas.agent.config import AgentConfig
             from raas.llm.models import default_tokenizer_dir
             from raas.pipeline.config import ServiceConfig
 
-            servers = list(llm)
             if not servers:
                 with console.status("starting the embedded model server (llama.cpp, SmolLM2-135M)..."):
                     servers = [await stack.enter_async_context(embedded_llm(llm_context, workers[1]))]
@@ -345,6 +359,38 @@ def _run_main(coro: Any) -> Any:
         raise typer.Exit(130) from None
 
 
+def replay_inputs(
+    policy: str, patches: Path | None, instances: list[dict[str, Any]], *, server: str | None, llm: Any
+) -> dict[str, str] | None:
+    """The patches ``--policy replay`` plays (instance_id -> patch), or None for ``--policy model``;
+    ``bad_request`` for a combination that cannot work or a predictions file with a bad row."""
+    if policy not in ("model", "replay"):
+        raise RaasError(f"--policy must be 'model' or 'replay', not {policy!r}", kind="bad_request")
+    if policy == "model":
+        if patches is not None:
+            raise RaasError("--patches is for --policy replay", kind="bad_request")
+        return None
+    if patches is None:
+        raise RaasError("--policy replay needs --patches FILE (SWE-bench predictions)", kind="bad_request")
+    if server or llm:
+        raise RaasError("--policy replay serves its own policy: drop --server and --llm", kind="bad_request")
+    from raas.cli.swe_eval import load_predictions
+    from raas.tasks.swe.images import SWE_SOURCES
+
+    not_swe = [str(i.get("instance_id")) for i in instances if i.get("data_source") not in SWE_SOURCES]
+    if not_swe:
+        raise RaasError(
+            f"--policy replay plays SWE patches; not SWE records: {', '.join(not_swe[:5])}",
+            kind="bad_request",
+        )
+    out: dict[str, str] = {}
+    for p in load_predictions(patches):
+        if p.error is not None:
+            raise RaasError(p.error.message, kind=p.error.kind)
+        out[p.instance_id] = p.model_patch
+    return out
+
+
 def run(
     dataset: Annotated[
         str, typer.Argument(help="builtin:NAME[:N] (math, humaneval, stem), or a .jsonl/.parquet file")
@@ -389,6 +435,16 @@ def run(
         bool,
         typer.Option("--json", help="Print only the summary as JSON on stdout (the tables go to stderr)"),
     ] = False,
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="model: sample from the model (embedded or --llm); replay: play --patches instead (SWE dry run)"
+        ),
+    ] = "model",
+    patches: Annotated[
+        Path | None,
+        typer.Option(help="With --policy replay: SWE-bench predictions (instance_id, model_patch) to play"),
+    ] = None,
 ) -> None:
     """Run a dataset end to end and summarise it (starts everything in-process unless --server is given)."""
     from raas.tasks.datasets import load_dataset
@@ -399,6 +455,7 @@ def run(
             instances = instances[:limit]
         if not instances:
             raise RaasError(f"dataset {dataset} is empty", kind="bad_request")
+        replay_patches = replay_inputs(policy, patches, instances, server=server, llm=llm)
         box = None if server else choose_sandbox(sandbox, image)
     except RaasError as e:
         raise fail(e) from None
@@ -431,6 +488,7 @@ def run(
                 ),
                 token=os.environ.get("RAAS_API_TOKEN"),
                 per_instance=per_instance,
+                replay_patches=replay_patches,
             )
         )
     except RaasError as e:

@@ -37,10 +37,10 @@ async def test_submit_without_data_source_uses_the_cli_inference(make_api: APIFa
     await c.delete("/v1/jobs/inferred-swe")
 
 
-async def test_submit_with_nothing_to_infer_from_is_a_clear_422(make_api: APIFactory) -> None:
+async def test_submit_with_nothing_to_infer_from_is_a_clear_400(make_api: APIFactory) -> None:
     api = await make_api(tokenizer_dir=prepare_tokenizer())
     r = await api.client.post("/v1/jobs", json={"instance": {"prompt": "hello"}})
-    assert r.status_code == 422
+    assert r.status_code == 400
     assert "data_source is missing and the instance's fields imply no task" in r.json()["detail"]
     r = await api.client.post(
         "/v1/jobs:batch", json={"jobs": [{"instance": {"problem": "1+1?", "answer": "2"}}]}

@@ -109,11 +109,11 @@ def swe_eval(
             )
         if patch is not None and not instance:
             raise RaasError("--patch needs --instance ID (the record it is for)", kind="bad_request")
-        preds = (
-            load_predictions(predictions)
-            if predictions is not None
-            else [single_prediction(patch, str(instance))]  # type: ignore[arg-type]
-        )
+        if predictions is not None:
+            preds = load_predictions(predictions)
+        else:
+            assert patch is not None and instance  # checked above
+            preds = [single_prediction(patch, instance)]
         if not preds:
             raise RaasError(f"{predictions} holds no predictions", kind="bad_request")
     except RaasError as e:

@@ -280,14 +280,16 @@ async def run_dataset(
             from raas.llm.models import default_tokenizer_dir
             from raas.llm.scripted import ScriptedLLM
             from raas.llm.tokenizer import ChatTokenizer
-            from raas.tasks.swe.replay import replay_book
+            from raas.tasks.swe.replay import replay_book, replay_context
 
             tok = ChatTokenizer.from_pretrained(tokenizer_dir or default_tokenizer_dir())
             book, scripts = replay_book(tok, replay_patches, instances)
+            # The script's own budgets win: a replayed patch is one turn however long it is.
             per_instance = [
                 {**(per_instance[i] if per_instance else {}), **sp} for i, sp in enumerate(scripts)
             ]
-            servers = [(await stack.enter_async_context(ScriptedLLM(book))).url]
+            scripted = ScriptedLLM(book, max_model_len=replay_context(scripts))
+            servers = [(await stack.enter_async_context(scripted)).url]
         jobs = make_jobs(instances, n_samples, run_id, sampling, job_timeout_s, per_instance)
         if url is None:
             from raas.agent.config import AgentConfig

@@ -14,7 +14,7 @@ from raas.llm.models import default_tokenizer_dir
 from raas.llm.scripted import CompletionRequest
 from raas.llm.tokenizer import ChatTokenizer
 from raas.tasks.datasets import load_file
-from raas.tasks.swe.replay import replay_book
+from raas.tasks.swe.replay import REPLAY_CONTEXT, replay_book, replay_context
 
 pytestmark = pytest.mark.unit
 
@@ -76,3 +76,22 @@ def test_replay_inputs_read_predictions_and_refuse_non_swe_rows(tmp_path: Path) 
     preds.write_text(json.dumps({"instance_id": rows[0]["instance_id"], "model_patch": "words"}) + "\n")
     with pytest.raises(RaasError, match="not a unified diff"):
         replay_inputs("replay", preds, rows, server=None, llm=None)
+
+
+def test_budgets_fit_a_long_patch() -> None:
+    """A replayed patch is one turn however long: the job's budgets are sized so it is applied and the
+    rollout still ends with submit (not cut by ``context_budget``)."""
+    tok = ChatTokenizer.from_pretrained(default_tokenizer_dir())
+    rows = load_file(DATA)[:2]
+    added = "".join(f"+line {i} of a long note\n" for i in range(1500))
+    long = (
+        PATCH
+        + f"diff --git a/N.md b/N.md\nnew file mode 100644\n--- /dev/null\n+++ b/N.md\n@@ -0,0 +1,1500 @@\n{added}"
+    )
+    book, params = replay_book(tok, {rows[0]["instance_id"]: long}, rows)
+    turn0 = len(book(request(tok, params[0]["system_prompt"], 0)).token_ids)
+    assert turn0 > 10_000
+    assert params[0]["max_tokens_per_turn"] >= turn0
+    assert params[0]["context_budget"] >= REPLAY_CONTEXT + turn0
+    assert replay_context(params) == params[0]["context_budget"]
+    assert params[1]["max_tokens_per_turn"] == 1024  # a short script keeps the usual per-turn budget

@@ -154,16 +154,30 @@ class ScriptBook:
         return c
 
 
+REPLAY_CONTEXT = 8192
+"""Room a replayed rollout keeps besides its scripted answers: the prompt and the tools' output."""
+
+
 def replay_book(
     tok: ChatTokenizer, patches: dict[str, str], instances: Sequence[dict[str, Any]]
-) -> tuple[ScriptBook, list[dict[str, str]]]:
+) -> tuple[ScriptBook, list[dict[str, Any]]]:
     """A book that applies ``patches[instance_id]`` (bash, ``git apply``) in each instance's workdir, then
-    submits; and, per instance, the ``sampling_params`` that point its jobs at their script. An instance
-    without a patch submits without an edit (graded ``empty_patch``)."""
+    submits; and, per instance, the ``sampling_params`` that point its jobs at their script and size their
+    token budgets to it (a long patch is one long turn: it must not end the rollout before it is applied).
+    An instance without a patch submits without an edit (graded ``empty_patch``)."""
     book = ScriptBook(tok)
-    params: list[dict[str, str]] = []
+    params: list[dict[str, Any]] = []
     for i, inst in enumerate(instances):
         patch = patches.get(str(inst.get("instance_id")), "")
         workdir = str(inst.get("workdir") or "/testbed")
-        params.append(book.add(f"i{i}", gold_by_bash(patch, workdir) if patch.strip() else []))
+        key = f"i{i}"
+        job: dict[str, Any] = book.add(key, gold_by_bash(patch, workdir) if patch.strip() else [])
+        lengths = [len(tok.encode(turn)) + 1 for turn in book.scripts[key]]
+        job.update(max_tokens_per_turn=max(1024, max(lengths)), context_budget=REPLAY_CONTEXT + sum(lengths))
+        params.append(job)
     return book, params
+
+
+def replay_context(params: Sequence[dict[str, Any]]) -> int:
+    """The context length a replay server must accept for these jobs."""
+    return max([REPLAY_CONTEXT, *(int(p.get("context_budget", 0)) for p in params)])

@@ -32,7 +32,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.doubles.scripted_llm import ScriptedLLM  # noqa: E402
-from tests.tasks.swe.policy import ScriptBook, gold_by_editor, wrong_edit  # noqa: E402
 
 from raas.agent.config import AgentConfig  # noqa: E402
 from raas.cli.inprocess import service_in_process  # noqa: E402
@@ -46,6 +45,7 @@ from raas.tasks.swe.config import SweConfig  # noqa: E402
 from raas.tasks.swe.handler import SweHandler  # noqa: E402
 from raas.tasks.swe.packages import FAST_PACKAGES  # noqa: E402
 from raas.tasks.swe.records import SweRecord  # noqa: E402
+from raas.tasks.swe.replay import ScriptBook, gold_by_editor, wrong_edit  # noqa: E402
 from raas.trainer.client import RaasClient  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "swe.json"

@@ -14,14 +14,16 @@ HTTP_URL_PATTERN = r"^\s*https?://[^\s/]"
 
 class JobSubmission(JobRequest):
     """A job as the API takes it: :class:`JobRequest`, with the schema saying what its validator demands
-    (``instance.data_source``, the task handler's name)."""
+    (``instance.data_source``, the task handler's name; when absent, the one the instance's fields imply,
+    as ``raas run`` infers it for a dataset file)."""
 
     instance: dict[str, Any] = Field(
-        description="The task instance; data_source names its task handler",
-        json_schema_extra={
-            "required": ["data_source"],
-            "properties": {"data_source": {"type": "string", "minLength": 1}},
-        },
+        description=(
+            "The task instance; data_source names its task handler (when absent it is inferred from the "
+            "fields: SWE-bench/SWE-Gym -> swebench, R2E-Gym -> r2e, test cases -> code, question+answer -> "
+            "stem, problem+answer -> math)"
+        ),
+        json_schema_extra={"properties": {"data_source": {"type": "string", "minLength": 1}}},
     )
 
 

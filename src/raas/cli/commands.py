@@ -9,7 +9,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="raas: Rollou
 
 def _mount() -> None:
     """Attach the commands; a layer owns its own ``cli.py``."""
-    from raas.cli import run, serve, status, train
+    from raas.cli import run, serve, status, swe_cmd, train
     from raas.cli.cluster import cluster_app
     from raas.llm.cli import llm_app, tokenizer_app
     from raas.sandbox.cli import image_app
@@ -23,7 +23,10 @@ def _mount() -> None:
     app.add_typer(image_app, name="image", help="Build sandbox images.")
     app.add_typer(llm_app, name="llm", help="The embedded model server and LLM utilities.")
     app.add_typer(tokenizer_app, name="tokenizer", help="Chat-template checks.")
-    app.add_typer(swe_app, name="swe", help="Build SWE-style tasks offline from real packages.")
+    swe_app.command("eval")(swe_cmd.swe_eval)
+    app.add_typer(
+        swe_app, name="swe", help="SWE tasks: grade patches (eval), build instances offline (build)."
+    )
     app.add_typer(images_app, name="images", help="Pre-build the images a dataset's tasks need.")
     app.add_typer(cluster_app, name="cluster", help="raas on a Ray cluster: node services and the router.")
 

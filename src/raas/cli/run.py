@@ -27,20 +27,55 @@ from raas.errors import RaasError
 TERMINAL = ("completed", "failed", "timeout", "cancelled")
 
 
+BASE_AGENT: dict[str, int] = {"max_turns": 4, "max_tokens_per_turn": 256, "context_budget": 2048}
+"""The agent settings of a run whose task names none of its own (math and the built-in benchmarks are
+measured with these)."""
+
+
+def _default_help() -> dict[str, str]:
+    """``(default 4; SWE tasks 30)``: the generic default and each task's own, for ``raas run --help``."""
+    from raas.tasks.swe.config import AGENT_DEFAULTS as SWE
+
+    return {k: f"(default {v}; SWE tasks {SWE[k]})" for k, v in BASE_AGENT.items()}
+
+
+_DEFAULTS = _default_help()
+
+
+def agent_settings(
+    instances: list[dict[str, Any]], chosen: dict[str, int | None]
+) -> tuple[dict[str, int], list[dict[str, int]]]:
+    """The run's agent settings (``chosen``, the user's, over :data:`BASE_AGENT`) and, per instance, the
+    settings its task handler's ``agent_defaults`` add where the user chose nothing (sent per job)."""
+    from raas.tasks.registry import HandlerRegistry
+
+    user = {k: v for k, v in chosen.items() if v is not None}
+    classes = HandlerRegistry().classes()
+    extra: list[dict[str, int]] = []
+    for inst in instances:
+        cls = classes.get(str(inst.get("data_source")))
+        defaults = cls.agent_defaults if cls is not None else {}
+        extra.append({k: v for k, v in defaults.items() if k not in user})
+    return {**BASE_AGENT, **user}, extra
+
+
 def make_jobs(
     instances: list[dict[str, Any]],
     n_samples: int,
     run_id: str,
     sampling_params: dict[str, Any] | None,
     timeout_s: float | None,
+    per_instance: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """One request per (instance, sample); job ids are unique per run so reruns never collide."""
+    """One request per (instance, sample); job ids are unique per run so reruns never collide.
+    ``per_instance[i]`` adds to instance i's sampling params (its handler's agent defaults)."""
     jobs = []
     for i, inst in enumerate(instances):
+        params = {**(sampling_params or {}), **(per_instance[i] if per_instance else {})}
         for k in range(n_samples):
             body: dict[str, Any] = {"instance": inst, "job_id": f"{run_id}-{i:05d}-{k}"}
-            if sampling_params:
-                body["sampling_params"] = sampling_params
+            if params:
+                body["sampling_params"] = params
             if timeout_s:
                 body["timeout_s"] = timeout_s
             jobs.append(body)
@@ -228,22 +263,39 @@ async def run_dataset(
     tokenizer_dir: Path | None,
     llm_context: int,
     token: str | None,
+    per_instance: list[dict[str, Any]] | None = None,
+    replay_patches: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run every instance ``n_samples`` times and return the summary; the whole stack lives and dies here
-    unless ``server`` points at a running service."""
+    unless ``server`` points at a running service. ``replay_patches`` (instance_id -> patch): the replay
+    policy plays them instead of a model (:mod:`raas.tasks.swe.replay`)."""
     from raas.trainer.client import RaasClient
 
     run_id = "run-" + secrets.token_hex(4)
-    jobs = make_jobs(instances, n_samples, run_id, sampling, job_timeout_s)
     started = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
         url = server
+        servers = list(llm)
+        if replay_patches is not None:
+            from raas.llm.models import default_tokenizer_dir
+            from raas.llm.scripted import ScriptedLLM
+            from raas.llm.tokenizer import ChatTokenizer
+            from raas.tasks.swe.replay import replay_book, replay_context
+
+            tok = ChatTokenizer.from_pretrained(tokenizer_dir or default_tokenizer_dir())
+            book, scripts = replay_book(tok, replay_patches, instances)
+            # The script's own budgets win: a replayed patch is one turn however long it is.
+            per_instance = [
+                {**(per_instance[i] if per_instance else {}), **sp} for i, sp in enumerate(scripts)
+            ]
+            scripted = ScriptedLLM(book, max_model_len=replay_context(scripts))
+            servers = [(await stack.enter_async_context(scripted)).url]
+        jobs = make_jobs(instances, n_samples, run_id, sampling, job_timeout_s, per_instance)
         if url is None:
             from raas.agent.config import AgentConfig
             from raas.llm.models import default_tokenizer_dir
             from raas.pipeline.config import ServiceConfig
 
-            servers = list(llm)
             if not servers:
                 with console.status("starting the embedded model server (llama.cpp, SmolLM2-135M)..."):
                     servers = [await stack.enter_async_context(embedded_llm(llm_context, workers[1]))]
@@ -309,6 +361,38 @@ def _run_main(coro: Any) -> Any:
         raise typer.Exit(130) from None
 
 
+def replay_inputs(
+    policy: str, patches: Path | None, instances: list[dict[str, Any]], *, server: str | None, llm: Any
+) -> dict[str, str] | None:
+    """The patches ``--policy replay`` plays (instance_id -> patch), or None for ``--policy model``;
+    ``bad_request`` for a combination that cannot work or a predictions file with a bad row."""
+    if policy not in ("model", "replay"):
+        raise RaasError(f"--policy must be 'model' or 'replay', not {policy!r}", kind="bad_request")
+    if policy == "model":
+        if patches is not None:
+            raise RaasError("--patches is for --policy replay", kind="bad_request")
+        return None
+    if patches is None:
+        raise RaasError("--policy replay needs --patches FILE (SWE-bench predictions)", kind="bad_request")
+    if server or llm:
+        raise RaasError("--policy replay serves its own policy: drop --server and --llm", kind="bad_request")
+    from raas.cli.swe_eval import load_predictions
+    from raas.tasks.swe.images import SWE_SOURCES
+
+    not_swe = [str(i.get("instance_id")) for i in instances if i.get("data_source") not in SWE_SOURCES]
+    if not_swe:
+        raise RaasError(
+            f"--policy replay plays SWE patches; not SWE records: {', '.join(not_swe[:5])}",
+            kind="bad_request",
+        )
+    out: dict[str, str] = {}
+    for p in load_predictions(patches):
+        if p.error is not None:
+            raise RaasError(p.error.message, kind=p.error.kind)
+        out[p.instance_id] = p.model_patch
+    return out
+
+
 def run(
     dataset: Annotated[
         str, typer.Argument(help="builtin:NAME[:N] (math, humaneval, stem), or a .jsonl/.parquet file")
@@ -324,9 +408,22 @@ def run(
         str, typer.Option(help="auto (bwrap if possible, else local), bwrap, apptainer, local")
     ] = "auto",
     image: Annotated[str | None, typer.Option(help="Sandbox image (rootfs dir, SIF, docker://...)")] = None,
-    max_turns: Annotated[int, typer.Option(min=1)] = 4,
-    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens per turn")] = 256,
-    context_budget: Annotated[int, typer.Option(min=64, help="Prompt + response tokens per rollout")] = 2048,
+    max_turns: Annotated[
+        int | None,
+        typer.Option(min=1, show_default=False, help=f"Agent turns per rollout {_DEFAULTS['max_turns']}"),
+    ] = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(min=1, show_default=False, help=f"Tokens per turn {_DEFAULTS['max_tokens_per_turn']}"),
+    ] = None,
+    context_budget: Annotated[
+        int | None,
+        typer.Option(
+            min=64,
+            show_default=False,
+            help=f"Prompt + response tokens per rollout {_DEFAULTS['context_budget']}",
+        ),
+    ] = None,
     temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Sampling seed (per request)")] = None,
     timeout: Annotated[float, typer.Option(min=1.0, help="Seconds of in-stage time per rollout")] = 600.0,
@@ -340,6 +437,16 @@ def run(
         bool,
         typer.Option("--json", help="Print only the summary as JSON on stdout (the tables go to stderr)"),
     ] = False,
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="model: sample from the model (embedded or --llm); replay: play --patches instead (SWE dry run)"
+        ),
+    ] = "model",
+    patches: Annotated[
+        Path | None,
+        typer.Option(help="With --policy replay: SWE-bench predictions (instance_id, model_patch) to play"),
+    ] = None,
 ) -> None:
     """Run a dataset end to end and summarise it (starts everything in-process unless --server is given)."""
     from raas.tasks.datasets import load_dataset
@@ -350,13 +457,17 @@ def run(
             instances = instances[:limit]
         if not instances:
             raise RaasError(f"dataset {dataset} is empty", kind="bad_request")
+        replay_patches = replay_inputs(policy, patches, instances, server=server, llm=llm)
         box = None if server else choose_sandbox(sandbox, image)
     except RaasError as e:
         raise fail(e) from None
     sampling: dict[str, Any] = {"temperature": temperature}
     if seed is not None:
         sampling["seed"] = seed
-    agent = {"max_turns": max_turns, "max_tokens_per_turn": max_tokens, "context_budget": context_budget}
+    agent, per_instance = agent_settings(
+        instances,
+        {"max_turns": max_turns, "max_tokens_per_turn": max_tokens, "context_budget": context_budget},
+    )
     if server:
         # A running service keeps its own agent settings unless the job overrides them.
         sampling.update(agent)
@@ -374,8 +485,12 @@ def run(
                 job_timeout_s=timeout,
                 workers=(init_workers, run_workers, eval_workers),
                 tokenizer_dir=tokenizer,
-                llm_context=max(context_budget, 2048),
+                llm_context=max(
+                    2048, agent["context_budget"], *(e.get("context_budget", 0) for e in per_instance)
+                ),
                 token=os.environ.get("RAAS_API_TOKEN"),
+                per_instance=per_instance,
+                replay_patches=replay_patches,
             )
         )
     except RaasError as e:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from raas.core.datasource import infer_data_source
 from raas.core.trajectory import Message, TokenTrajectory, Turn
 
 JobStatus = Literal[
@@ -52,8 +53,16 @@ def new_job_id() -> str:
     return uuid.uuid4().hex
 
 
+NO_DATA_SOURCE = (
+    "instance.data_source is missing and the instance's fields imply no task (math: 'problem' and 'answer'; "
+    "stem: 'question' and 'answer'; code: test cases; a SWE-bench or R2E-Gym record); name its task handler "
+    "in data_source"
+)
+
+
 class JobRequest(BaseModel):
-    """What a trainer submits. ``instance.data_source`` picks the task handler."""
+    """What a trainer submits. ``instance.data_source`` picks the task handler (inferred when absent:
+    :func:`raas.core.datasource.infer_data_source`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -76,7 +85,12 @@ class JobRequest(BaseModel):
     @field_validator("instance")
     @classmethod
     def _has_data_source(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """A missing ``data_source`` is inferred from the fields, as ``raas run`` does for a dataset file
+        (one the fields do not imply is refused at admission: :data:`NO_DATA_SOURCE`)."""
         source = value.get("data_source")
+        if source is None:
+            inferred = infer_data_source(value)
+            return value if inferred is None else {**value, "data_source": inferred}
         if not isinstance(source, str) or not source:
             raise ValueError("instance.data_source must be a non-empty string naming a task handler")
         return value

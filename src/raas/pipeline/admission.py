@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
-from raas.core.jobs import Job, JobRequest, JobStatus, SubmitResponse, new_job_id
+from raas.core.jobs import NO_DATA_SOURCE, Job, JobRequest, JobStatus, SubmitResponse, new_job_id
 from raas.errors import RaasError
 from raas.pipeline import results
 from raas.pipeline.ledger import LedgerJob
@@ -71,6 +71,8 @@ class Admission:
     def validate(self, request: JobRequest) -> TaskHandler:
         """The handler for the request's instance, or ``bad_request`` saying what is wrong: an unknown
         data_source, an instance the handler rejects, or a handler this service cannot run."""
+        if "data_source" not in request.instance:  # JobRequest inferred it where the fields allow
+            raise RaasError(NO_DATA_SOURCE, kind="bad_request", stage="api")
         data_source = str(request.instance.get("data_source"))
         handler = self.layers.handler_for(data_source)
         try:

@@ -147,6 +147,9 @@ class TaskHandler(ABC):
     policy: ClassVar[StagePolicy] = StagePolicy()
     """Per-stage timeouts and pool shares for this handler's jobs (see :class:`raas.core.policy.StagePolicy`);
     ``ServiceConfig.handler_policies[data_source]`` overrides it setting by setting."""
+    agent_defaults: ClassVar[dict[str, int]] = {}
+    """Agent settings (``max_turns``, ``max_tokens_per_turn``, ``context_budget``) that fit this task better
+    than the generic ones; ``raas run`` sends them with each of its jobs unless the user sets them."""
 
     @abstractmethod
     async def init(self, job: Job, sandboxes: JobSandboxes) -> Env: ...

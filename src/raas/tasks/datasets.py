@@ -17,6 +17,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from raas.core.datasource import infer_data_source
 from raas.errors import RaasError
 
 BUILTIN_PREFIX = "builtin:"
@@ -300,34 +301,39 @@ def builtin_addition(
     return [addition_instance(a, b) for a, b in pairs[:n]]
 
 
-_CODE_FIELDS = frozenset(
-    {"entry_point", "tests", "test_cases", "input_output", "public_tests", "private_tests", "inputs"}
-)
+ARCHIVE_PREFIXES = ("docker-archive:", "oci-archive:")
+"""Image references whose rest is a local path (resolved like a bare path)."""
 
 
-SWE_FIELDS = ("problem_statement", "base_commit", "FAIL_TO_PASS")
-R2E_FIELDS = ("problem_statement", "docker_image", "expected_output_json")
+def resolve_image_path(image: str, base_dir: Path) -> str:
+    """A record's ``image`` with a relative path made absolute against ``base_dir`` (the dataset file's
+    directory), so a dataset and its images move together. The rule:
+
+    * a reference with a scheme (``docker://``, ``oras://``, ...) or an absolute path: unchanged;
+    * ``./x`` or ``../x``: always a path, relative to ``base_dir``; ``bad_request`` when it does not exist;
+    * any other relative ``x`` (``images/foo.sif``, ``rootfs``): a path when ``base_dir / x`` exists, else
+      unchanged (a registry name such as ``python:3.11`` or ``swebench/foo:latest``);
+    * ``docker-archive:x`` / ``oci-archive:x``: ``x`` by the same rule.
+    """
+    for prefix in ARCHIVE_PREFIXES:
+        if image.startswith(prefix):
+            return prefix + resolve_image_path(image[len(prefix) :], base_dir)
+    if "://" in image or image.startswith(("/", "~")):
+        return image
+    candidate = (base_dir / image).resolve()
+    if image.startswith(("./", "../")):
+        if not candidate.exists():
+            raise RaasError(
+                f"image {image!r} does not exist (relative to the dataset file's directory: {candidate})",
+                kind="bad_request",
+            )
+        return str(candidate)
+    return str(candidate) if candidate.exists() else image
 
 
-def infer_data_source(row: dict[str, Any]) -> str | None:
-    """The task a row without ``data_source`` belongs to, from its shape: SWE-bench / SWE-Gym records
-    (``swebench``), R2E-Gym records (``r2e``); test cases or an entry point make it ``code``, a ``question``
-    (and no ``problem``) or ``choices`` make it ``stem``, ``problem`` and ``answer`` make it math; None when
-    it fits none."""
-    if all(k in row for k in SWE_FIELDS):
-        return "swebench"
-    if all(k in row for k in R2E_FIELDS):
-        return "r2e"
-    if _CODE_FIELDS & row.keys():
-        return "code"
-    if ("question" in row and "problem" not in row) or "choices" in row or "options" in row:
-        return "stem" if "answer" in row or "answerKey" in row else None
-    if "problem" in row and "answer" in row:
-        return "math"
-    return None
-
-
-def _normalise_row(row: dict[str, Any], index: int, origin: str, data_source: str | None) -> dict[str, Any]:
+def _normalise_row(
+    row: dict[str, Any], index: int, origin: str, data_source: str | None, base_dir: Path | None = None
+) -> dict[str, Any]:
     if not isinstance(row, dict):
         raise RaasError(f"{origin}: row {index} is not an object", kind="bad_request")
     inst = dict(row)
@@ -343,12 +349,18 @@ def _normalise_row(row: dict[str, Any], index: int, origin: str, data_source: st
         inst["answer"] = str(inst["answer"])
     inst["data_source"] = source
     inst.setdefault("instance_id", f"{Path(origin).stem}-{index:05d}")
+    if base_dir is not None and isinstance(inst.get("image"), str) and inst["image"]:
+        try:
+            inst["image"] = resolve_image_path(inst["image"], base_dir)
+        except RaasError as e:
+            raise RaasError(f"{origin}: row {index}: {e.message}", kind="bad_request") from e
     return inst
 
 
 def load_file(path: Path, data_source: str | None = None) -> list[dict[str, Any]]:
     """Rows of a ``.jsonl``/``.json``/``.parquet`` file as instances. A row's own ``data_source`` wins, then
-    ``data_source``, then the one its shape implies (:func:`infer_data_source`)."""
+    ``data_source``, then the one its shape implies (:func:`infer_data_source`). A relative ``image`` path
+    is resolved against the file's directory (:func:`resolve_image_path`)."""
     if not path.is_file():
         raise RaasError(f"dataset file {path} not found", kind="bad_request")
     rows: list[Any]
@@ -380,7 +392,8 @@ def load_file(path: Path, data_source: str | None = None) -> list[dict[str, Any]
         rows = data
     else:
         raise RaasError(f"{path}: unknown dataset format (use .jsonl, .json or .parquet)", kind="bad_request")
-    return [_normalise_row(row, i, str(path), data_source) for i, row in enumerate(rows)]
+    base = path.resolve().parent
+    return [_normalise_row(row, i, str(path), data_source, base) for i, row in enumerate(rows)]
 
 
 def _builtin_humaneval(n: int | None = None) -> list[dict[str, Any]]:

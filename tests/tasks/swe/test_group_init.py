@@ -20,7 +20,6 @@ import pytest
 from tests.agent.scripted import tool_call
 from tests.conftest import unavailable
 from tests.doubles.scripted_llm import ScriptedLLM
-from tests.tasks.swe.policy import ScriptBook
 
 from raas.agent.config import AgentConfig
 from raas.core.jobs import JobRequest
@@ -36,6 +35,7 @@ from raas.tasks.swe.build import BuildOptions, build
 from raas.tasks.swe.config import SweConfig
 from raas.tasks.swe.packages import FAST_PACKAGES
 from raas.tasks.swe.records import SweRecord
+from raas.tasks.swe.replay import ScriptBook
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

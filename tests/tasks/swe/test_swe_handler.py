@@ -26,7 +26,6 @@ import pytest
 from tests.agent.scripted import tool_call
 from tests.conftest import unavailable
 from tests.doubles.scripted_llm import ScriptedLLM
-from tests.tasks.swe.policy import ScriptBook, gold_by_bash, gold_by_editor, wrong_edit
 
 from raas.agent.config import AgentConfig
 from raas.cli.inprocess import service_in_process
@@ -42,6 +41,7 @@ from raas.tasks.swe.handler import SweHandler
 from raas.tasks.swe.packages import FAST_PACKAGES
 from raas.tasks.swe.patch import ExtractedPatch
 from raas.tasks.swe.records import SweRecord
+from raas.tasks.swe.replay import ScriptBook, gold_by_bash, gold_by_editor, wrong_edit
 from raas.tasks.swe.runner import apply_patch, run_command, sandbox_config
 from raas.trainer.client import RaasClient
 

@@ -20,6 +20,14 @@ from .images import DEFAULT_IMAGE_TEMPLATE
 
 CONFIG_ENV = "RAAS_SWE_CONFIG"
 
+AGENT_DEFAULTS: dict[str, int] = {"max_turns": 30, "max_tokens_per_turn": 1024, "context_budget": 8192}
+"""The agent settings ``raas run`` uses for SWE jobs unless told otherwise. The initial prompt (system
+prompt, tool schemas, the issue in :data:`PROMPT_TEMPLATE`) is about 850 tokens with the embedded model's
+chat tokenizer plus the issue itself (860-1,500 tokens in all on the bundled records): 8,192 (the embedded
+model's own context length) leaves over 6,500 tokens for edits and tool output, 1,024 tokens a turn fit a
+tool call that rewrites a function, and 30 turns are a ceiling (the context budget usually ends a rollout
+first)."""
+
 SYSTEM_PROMPT = (
     "You are a software engineer working in a sandbox with a code repository. Use the bash tool to "
     "explore and run code and the str_replace_editor tool to view and edit files. When the change is "

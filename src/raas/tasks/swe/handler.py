@@ -32,7 +32,7 @@ from raas.sandbox.base import Sandbox
 from raas.sandbox.config import NamespaceSandboxConfig
 from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
 
-from .config import SweConfig, load_config
+from .config import AGENT_DEFAULTS, SweConfig, load_config
 from .evaluation import Verdict, evaluate_task
 from .images import SWE_SOURCES, ImageGates, gates_for_loop, image_reference
 from .instance import SweTask, parse_task
@@ -76,6 +76,7 @@ class SweHandler(TaskHandler):
     )
     """INIT may convert a multi-GB image once; a test suite may take many minutes. Half of the INIT and
     EVAL pools at most, so SWE jobs never starve other tasks' sandbox starts and evaluations."""
+    agent_defaults: ClassVar[dict[str, int]] = AGENT_DEFAULTS
     config: ClassVar[SweConfig | None] = None
     """Fixed settings for a subclass; None: :func:`~raas.tasks.swe.config.load_config`."""
 

@@ -72,7 +72,8 @@ class SweBenchRecord(_Common):
     instance_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+@=-]*$")
     repo: str = Field(min_length=1)
     base_commit: str = Field(pattern=r"^[0-9a-f]{7,40}$")
-    test_patch: str = Field(min_length=1)
+    test_patch: str = ""
+    """Empty: the tests are already in the repository at the base commit; EVAL applies no test patch."""
     FAIL_TO_PASS: list[str] = Field(min_length=1)
     PASS_TO_PASS: list[str]
     version: str = ""
@@ -91,10 +92,12 @@ class SweBenchRecord(_Common):
     def _version(cls, v: Any) -> Any:
         return str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
 
-    @field_validator("test_patch")
+    @field_validator("test_patch", mode="before")
     @classmethod
-    def _diff(cls, v: str) -> str:
-        if "diff --git " not in v:
+    def _diff(cls, v: Any) -> Any:
+        if v is None or (isinstance(v, str) and not v.strip()):
+            return ""
+        if isinstance(v, str) and "diff --git " not in v:
             raise ValueError("must be a git diff (no 'diff --git' header)")
         return v
 

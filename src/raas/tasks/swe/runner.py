@@ -111,7 +111,7 @@ class EvalResult:
     patch_applied: bool  # False: the model's patch did not apply (nothing was run)
     apply_output: str
     apply_method: str | None = None  # "git apply" or "patch --fuzz" (None: empty patch or not applied)
-    test_patch_applied: bool = False
+    test_patch_applied: bool = False  # True as well when the record has no test patch (nothing to apply)
     run: CommandRun | None = None
     grade: grading.Grade | None = None
 
@@ -131,7 +131,7 @@ async def evaluate(
 ) -> EvalResult:
     """SWE-bench's evaluation in ``sb`` (started from the record's image, the repository at its
     ``workdir`` and ``base_commit``): apply the model patch (``git apply``, then ``patch --fuzz`` unless
-    ``fuzzy`` is off; an empty patch is skipped), apply ``test_patch``, run ``test_cmd``, grade with
+    ``fuzzy`` is off; an empty patch is skipped), apply ``test_patch`` (none when empty), run ``test_cmd``, grade with
     SWE-bench's parser and grading functions (on ``grader``, the service's pool for it; a one-off caller
     such as the offline builder may leave it to the loop's default pool)."""
     workdir = str(record.get("workdir", "/testbed"))
@@ -140,9 +140,11 @@ async def evaluate(
         method, out = await apply_patch(sb, model_patch, "model", workdir=workdir, fuzzy=fuzzy)
         if method is None:
             return EvalResult(patch_applied=False, apply_output=out)
-    applied, test_out = await apply_patch(sb, str(record["test_patch"]), "test", workdir=workdir)
-    if applied is None:
-        return EvalResult(True, out + test_out, method, test_patch_applied=False)
+    test_patch = str(record.get("test_patch") or "")
+    if test_patch.strip():  # empty: the tests are already in the repository
+        applied, test_out = await apply_patch(sb, test_patch, "test", workdir=workdir)
+        if applied is None:
+            return EvalResult(True, out + test_out, method, test_patch_applied=False)
     run = await run_command(sb, str(record["test_cmd"]), timeout_s=timeout_s, workdir=workdir)
     if run.timed_out:
         return EvalResult(True, out, method, True, run, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,9 +21,21 @@ from raas.sandbox.pool import PoolSettings
 __all__ = ["AGENT_ALIASES", "ServiceConfig", "agent_overrides"]
 
 
-def agent_config_for(base: AgentConfig, sampling_params: dict[str, Any]) -> AgentConfig:
-    """``base`` with the agent settings a job's ``sampling_params`` carry; ``bad_request`` when invalid."""
-    overrides = agent_overrides(sampling_params)
+def agent_config_for(
+    base: AgentConfig, sampling_params: dict[str, Any], handler_defaults: Mapping[str, Any] | None = None
+) -> AgentConfig:
+    """A job's agent settings: what its ``sampling_params`` carry, else what the service's operator
+    changed in ``base``, else the task handler's ``agent_defaults`` (a SWE prompt alone outgrows the generic
+    budget), else :class:`AgentConfig`'s defaults. "Changed" compares values, not pydantic's set-fields,
+    so a configuration that went through JSON (a cluster node's) behaves the same. ``bad_request`` when
+    invalid."""
+    fields = AgentConfig.model_fields
+    overrides = {
+        k: v
+        for k, v in (handler_defaults or {}).items()
+        if k in fields and getattr(base, k) == fields[k].default
+    }
+    overrides.update(agent_overrides(sampling_params))
     if not overrides:
         return base
     try:

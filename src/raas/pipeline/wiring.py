@@ -198,9 +198,13 @@ class Layers:
         return LLMContext(
             balancer=self.require_balancer(),
             tokenizer=self.tokenizer,
-            agent=agent_config_for(self.config.agent, job.sampling_params),
+            agent=agent_config_for(self.config.agent, job.sampling_params, self._agent_defaults(job)),
             gateway=self.gateway,
         )
+
+    def _agent_defaults(self, job: Job) -> dict[str, int]:
+        cls = self.handlers.classes().get(job.data_source)
+        return dict(cls.agent_defaults) if cls is not None else {}
 
     async def release(self, job: Job) -> None:
         """After a job: unpin its trajectory, then close anything the manager still holds for it."""

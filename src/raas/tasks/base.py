@@ -149,7 +149,9 @@ class TaskHandler(ABC):
     ``ServiceConfig.handler_policies[data_source]`` overrides it setting by setting."""
     agent_defaults: ClassVar[dict[str, int]] = {}
     """Agent settings (``max_turns``, ``max_tokens_per_turn``, ``context_budget``) that fit this task better
-    than the generic ones; ``raas run`` sends them with each of its jobs unless the user sets them."""
+    than the generic ones. A service applies them to the handler's jobs where neither the job's
+``sampling_params`` nor the service's ``agent`` settings chose otherwise; ``raas run`` also sends them with
+each job (its own generic settings differ from the service's)."""
 
     @abstractmethod
     async def init(self, job: Job, sandboxes: JobSandboxes) -> Env: ...

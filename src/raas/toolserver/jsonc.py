@@ -53,6 +53,13 @@ def loads(text: str) -> Any:
         obj, end = _scan(text, start)
     except StopIteration as exc:
         raise ValueError("Expecting value: char %d" % exc.value) from None
+    except SystemError:
+        # CPython 3.11's scanner raises its JSONDecodeError only when ``json.decoder`` is already in
+        # sys.modules (it looks the class up there, never imports it); otherwise a malformed body is a
+        # SystemError. Malformed input is rare: let the json package word the error.
+        import json
+
+        return json.loads(text)
     if end != len(text) and text[end:].strip(_WHITESPACE):
         raise ValueError("Extra data: char %d" % end)
     return obj

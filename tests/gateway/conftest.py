@@ -190,7 +190,9 @@ def assert_output_is_servers(output_ids: list[int], logprobs: list[float | None]
     assert final["stop"] is True
     assert len(output_ids) <= final["tokens_predicted"]
     if len(output_ids) < final["tokens_predicted"]:
-        assert final["stop_type"] == "limit"
+        # The stream ran past the reply's limit (raas asks a few tokens more so a cut character's IDs are
+        # known) and ended there at its own limit or at an EOS sampled within those extra tokens.
+        assert final["stop_type"] in ("limit", "eos")
     for event in answer[:-1]:
         tokens = event["tokens"]
         for j, tid in enumerate(tokens):

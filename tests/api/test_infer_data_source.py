@@ -49,3 +49,13 @@ async def test_submit_with_nothing_to_infer_from_is_a_clear_400(make_api: APIFac
     job_id = r.json()["jobs"][0]["job_id"]
     assert (await api.client.get(f"/v1/jobs/{job_id}")).json()["data_source"] == "math"
     await api.client.delete(f"/v1/jobs/{job_id}")
+
+
+def test_an_external_rollout_infers_it_too() -> None:
+    """``POST /v1/gateway/rollouts`` takes the instance through the same rule (and its schema says so)."""
+    from raas.api.rollouts import RolloutRequest
+
+    body = RolloutRequest(instance={"problem": "What is 2 + 3?", "answer": "5"})
+    assert body.instance["data_source"] == "math"
+    schema = RolloutRequest.model_json_schema()["properties"]["instance"]
+    assert "data_source" not in schema.get("required", [])

@@ -30,11 +30,11 @@ class RolloutRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     instance: dict[str, Any] = Field(
-        description="The task instance; data_source names the task handler whose EVAL grades the rollout",
-        json_schema_extra={
-            "required": ["data_source"],
-            "properties": {"data_source": {"type": "string", "minLength": 1}},
-        },
+        description=(
+            "The task instance; data_source names the task handler whose EVAL grades the rollout (inferred "
+            "from the fields when absent, as for POST /v1/jobs)"
+        ),
+        json_schema_extra={"properties": {"data_source": {"type": "string", "minLength": 1}}},
     )
     sampling_params: dict[str, Any] | None = Field(
         None, description="The job's sampling params and agent limits (max_turns, max_tokens, ...)"

@@ -91,6 +91,19 @@ async def test_target_follows_demand_backlog_and_bounds(tmp_path: Path) -> None:
 
 
 @pytest.mark.unit
+async def test_a_dropped_pool_starts_nothing(tmp_path: Path) -> None:
+    """A refill step that runs after stop() (Python 3.11's wait_for can swallow the loop's cancellation
+    when a wake-up arrives with it) must not start a sandbox that stop() no longer waits for."""
+    pools = WarmPools(SandboxManager(tmp_path / "state"))
+    pools.configure(settings(min_size=2, max_size=2), [make_config()])
+    pool = next(iter(pools._pools.values()))
+    await pools.stop()
+    pool.demand.append(time.monotonic())
+    pools._refill_step(pool)
+    assert not pool.starting
+
+
+@pytest.mark.unit
 def test_settings_reject_nonsense() -> None:
     for bad in ({"min_size": -1}, {"sandbox_mb": 0}, {"refill_concurrency": 0}, {"surprise": 1}):
         with pytest.raises(ValueError):

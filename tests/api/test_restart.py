@@ -29,6 +29,16 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 
 
+def durable_status(service_dir: Path, job_id: str) -> str | None:
+    """The job's status as the ledger committed it (read-only, beside the running service)."""
+    db = sqlite3.connect(f"file:{service_dir / 'ledger.sqlite3'}?mode=ro", uri=True, timeout=10)
+    try:
+        row = db.execute("SELECT status FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+    finally:
+        db.close()
+    return None if row is None else str(row[0])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -120,7 +130,10 @@ def test_sigkill_and_restart(service_dir: Path) -> None:
         while (
             client.get("/v1/jobs/in-run").json()["status"] != "run"
             or client.get("/v1/jobs/retry").json()["status"] != "run"
+            or durable_status(service_dir, "in-run") != "run"
         ):
+            # The ledger commits stage changes in the background: the crash must come after the durable
+            # state says RUN, or the recovered error rightly names the last committed stage.
             assert time.monotonic() < deadline, "jobs did not reach RUN"
             time.sleep(0.05)
         ids = sandbox_ids(service_dir)  # the RUN sandbox, and what the warm pool started after it

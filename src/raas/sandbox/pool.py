@@ -274,15 +274,15 @@ class WarmPools:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(pool.wake.wait(), _TICK_S)
             pool.wake.clear()
-            if pool.dropped:  # Python 3.11's wait_for can swallow the cancel that came with a wake-up
-                return
             try:
                 self._refill_step(pool)
             except Exception:  # a bug here must not end refilling for the service's lifetime
                 log.exception("warm pool %s: refill step failed", pool.label)
 
     def _refill_step(self, pool: WarmPool) -> None:
-        if pool.dropped:  # a start now would outlive stop(), which waits only for what it saw starting
+        if pool.dropped:
+            # Python 3.11's wait_for can swallow the loop's cancellation when a wake-up comes with it; a
+            # start now would outlive stop(), which waits only for the starts it saw.
             return
         now = time.monotonic()
         pool.target = self.target_of(pool, now)

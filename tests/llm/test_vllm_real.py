@@ -22,11 +22,14 @@ from typing import Any
 import httpx
 import pytest
 
+from raas.agent.config import AgentConfig
 from raas.errors import RaasError
+from raas.gateway import Gateway
 from raas.llm import ChatTokenizer, ContextWindowExceeded, LLMBalancer, SamplingParams, ServerInfo
 from raas.llm.servers import VLLMClient, detect_kind
 from raas.llm.template_check import SAMPLE_TOOLS
 from raas.llm.vllm_launcher import VLLMServer, default_vllm_model_dir, default_vllm_python, group_members
+from tests.gateway.conftest import Rig, check_exact
 
 FIXTURES = Path(__file__).parent / "fixtures"
 real = [pytest.mark.vllm, pytest.mark.integration]
@@ -381,6 +384,82 @@ async def test_balancer_stamps_weight_versions(vllm_server: VLLMServer, smol: Ch
         assert res.weight_version == "step-4"
         balancer.release("t1")
         assert balancer.servers()[0]["kind"] == "vllm" and balancer.servers()[0]["requests"] == 2
+
+
+@pytest.mark.vllm
+@pytest.mark.integration
+@pytest.mark.parametrize("plain_endpoint", ENDPOINTS)
+async def test_a_stream_records_what_a_plain_generation_records(
+    vllm_server: VLLMServer, smol: ChatTokenizer, plain_endpoint: str
+) -> None:
+    """Same seed, same prompt: the streamed generation (always ``/v1/completions``) has the plain one's
+    IDs, logprobs and finish on either route, its text comes in many pieces, and the pieces spell the
+    reply (less a character the limit cut, whose bytes vLLM never sends)."""
+    async with httpx.AsyncClient() as http:
+        plain_client = VLLMClient(vllm_server.url, http, endpoint=plain_endpoint)
+        client = VLLMClient(vllm_server.url, http, endpoint=plain_endpoint)
+        paths: list[str] = []
+        http.event_hooks["request"] = [_log_path(paths)]
+        for prompt in ("Write emoji and Chinese: 你好世界 🎉🎉", "Say hi.", "List 3 emoji: 😀 🚀 🌍"):
+            ids = smol.conversation([{"role": "user", "content": prompt}]).prompt_ids
+            for seed in (1, 3):
+                sampling = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, seed=seed, max_tokens=48)
+                plain = await plain_client.generate(ids, sampling)
+                texts: list[str] = []
+                paths.clear()
+                streamed = await client.generate(ids, sampling, texts.append)
+                assert paths == ["/v1/completions"]
+                assert streamed.output_ids == plain.output_ids, (prompt, seed)
+                assert streamed.logprobs == pytest.approx(plain.logprobs, abs=1e-4)
+                assert streamed.finish_reason == plain.finish_reason
+                assert streamed.extra["streamed"] and len(texts) > 1
+                reply = smol.decode([t for t in streamed.output_ids if t != EOS])
+                assert reply.startswith("".join(texts)) and len(reply) - len("".join(texts)) <= 1
+
+
+def _log_path(paths: list[str]) -> Any:
+    async def hook(request: httpx.Request) -> None:
+        if request.method == "POST":
+            paths.append(request.url.path)
+
+    return hook
+
+
+@pytest.mark.vllm
+@pytest.mark.integration
+async def test_a_gateway_stream_from_vllm_reaches_the_agent_while_vllm_generates(
+    vllm_server: VLLMServer, smol: ChatTokenizer, tmp_path: Path
+) -> None:
+    """An agent's streamed Chat Completions request through the gateway: the first chunk arrives well
+    before the last, the chunks spell the reply the record holds, and the record is token-exact."""
+    async with LLMBalancer(health_interval_s=0) as balancer:
+        balancer.add(vllm_server.url)
+        gateway = Gateway(balancer, smol, keepalive_s=60)
+        try:
+            ep = await Rig(balancer, gateway, dir=tmp_path).open(
+                "vllm-stream", AgentConfig(max_turns=4, context_budget=4096), seed=5, temperature=1.0
+            )
+            client = ep.openai()
+            messages = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
+            stamps: list[float] = []
+            text = ""
+            loop = asyncio.get_running_loop()
+            async for chunk in await client.chat.completions.create(
+                model="m",
+                messages=messages,
+                stream=True,
+                max_tokens=96,  # type: ignore[arg-type]
+            ):
+                if chunk.choices and chunk.choices[0].delta.content:
+                    stamps.append(loop.time())
+                    text += chunk.choices[0].delta.content
+            out = ep.session.run_output()
+            assert len(stamps) > 10 and stamps[-1] - stamps[0] > 0.5  # ~30 tok/s here: spread over seconds
+            assert len(out.turns) == 1 and out.turns[0].server == vllm_server.url
+            assert text == smol.decode([t for t in out.turns[0].output_ids if t != EOS]).strip()
+            check_exact(out)
+        finally:
+            await gateway.aclose()
 
 
 # -- the launcher's own lifecycle ------------------------------------------------------------------------

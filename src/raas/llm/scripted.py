@@ -11,6 +11,9 @@ talk to it exactly as they talk to vLLM:
 * ``POST /v1/completions`` with ``prompt`` as a list of token IDs (``logprobs``, ``return_token_ids``,
   ``max_tokens`` …) → ``choices[0].{text, token_ids, prompt_token_ids, logprobs.{tokens, token_logprobs},
   finish_reason}`` and ``usage``. A string prompt is answered too (``prompt_token_ids`` is then empty).
+  With ``stream: true`` the same answer comes as vLLM's stream: one ``data:`` event with the whole
+  choice (vLLM sends one per decode step; a scripted answer has no steps), a ``usage`` event when
+  ``stream_options.include_usage`` asks for it, then ``data: [DONE]``.
 
 What it answers comes from a *responder*, a function of the request:
 
@@ -40,16 +43,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
 
 MODEL_NAME = "scripted-policy"
 
@@ -124,6 +128,15 @@ def fixed(n_tokens: int, token_id: int = 42, logprob: float = -0.25) -> Responde
         )
 
     return respond
+
+
+async def _stream_events(answer: dict[str, Any], body: dict[str, Any]) -> AsyncIterator[str]:
+    """``answer`` as vLLM's ``/v1/completions`` stream (see the module docstring)."""
+    usage = answer.pop("usage")
+    yield f"data: {json.dumps(answer)}\n\n"
+    if (body.get("stream_options") or {}).get("include_usage"):
+        yield f"data: {json.dumps({**answer, 'choices': [], 'usage': usage})}\n\n"
+    yield "data: [DONE]\n\n"
 
 
 class _QuietServer(uvicorn.Server):
@@ -219,7 +232,7 @@ class ScriptedLLM:
             }
 
         @app.post("/v1/completions")
-        async def completions(request: Request) -> JSONResponse:
+        async def completions(request: Request) -> Response:
             try:
                 body = await request.json()
             except ValueError:
@@ -266,7 +279,10 @@ class ScriptedLLM:
             except Exception as exc:
                 return JSONResponse({"error": {"message": str(exc), "type": "InternalServerError"}}, 500)
             await self._occupy(len(out.token_ids))
-            return JSONResponse(self._render(req, out))
+            answer = self._render(req, out)
+            if body.get("stream"):
+                return StreamingResponse(_stream_events(answer, body), media_type="text/event-stream")
+            return JSONResponse(answer)
 
         return app
 

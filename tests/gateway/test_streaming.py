@@ -1,11 +1,12 @@
 """Incremental streaming: a streamed request's reply reaches the agent while the inference server is still
 generating it, and the record stays token-exact.
 
-The ordering tests use a double of llama-server's stream (tests/doubles/llamacpp_stream.py) that sends
-each token only when the test releases it: the client must hold chunk i while the server has sent i
-tokens and not its final event. The last test checks the part the double cannot: that on the real
-llama-server a streamed generation records exactly the IDs and logprobs of a plain one (same seed),
-including the IDs llama.cpp leaves out of its stream."""
+The ordering tests use doubles of llama-server's, vLLM's and SGLang's streams (tests/doubles/
+stream_servers.py) that send each token only when the test releases it: the client must hold chunk i
+while the server has sent i tokens and not its final event. One test checks the part a double cannot:
+that on the real llama-server a streamed generation records exactly the IDs and logprobs of a plain one
+(same seed), including the IDs llama.cpp leaves out of its stream; the same check against a real vLLM is
+in tests/llm/test_vllm_real.py (``make test-vllm``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,13 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.doubles.llamacpp_stream import LlamaStreamDouble, gpt2_byte_decoder
+from tests.doubles.stream_servers import (
+    HeldStreamDouble,
+    LlamaStreamDouble,
+    SGLangStreamDouble,
+    VLLMStreamDouble,
+    gpt2_byte_decoder,
+)
 from tests.gateway.conftest import ANTHROPIC_BASH, BASH_TOOL, Rig, check_exact
 
 from raas.agent.config import AgentConfig
@@ -57,13 +64,29 @@ def pieces(tok: ChatTokenizer, ids: list[int]) -> list[str]:
     return [p for p in out if p]
 
 
-@pytest.fixture
-async def rig_for(tok: ChatTokenizer) -> AsyncIterator[Any]:
-    """``await rig_for(replies)``: a gateway in front of a streaming llama-server double."""
-    opened: list[tuple[LlamaStreamDouble, LLMBalancer, Gateway]] = []
+DOUBLES: dict[str, Any] = {
+    "llamacpp": LlamaStreamDouble,
+    "vllm": VLLMStreamDouble,
+    "sglang": SGLangStreamDouble,
+    "sglang-incremental": lambda *a: SGLangStreamDouble(*a, incremental=True),
+}
+every_server = pytest.mark.parametrize("server", list(DOUBLES))
+id_servers = pytest.mark.parametrize("server", ["vllm", "sglang", "sglang-incremental"])
+"""Servers whose streams carry every token's ID (llama.cpp's leaves some out: its own test below)."""
 
-    async def make(replies: list[list[int]]) -> tuple[Rig, LlamaStreamDouble]:
-        double = await LlamaStreamDouble(token_bytes(tok), replies).__aenter__()
+
+@pytest.fixture
+def server() -> str:
+    return "llamacpp"
+
+
+@pytest.fixture
+async def rig_for(tok: ChatTokenizer, server: str) -> AsyncIterator[Any]:
+    """``await rig_for(replies)``: a gateway in front of a streaming double of ``server``."""
+    opened: list[tuple[HeldStreamDouble, LLMBalancer, Gateway]] = []
+
+    async def make(replies: list[list[int]]) -> tuple[Rig, HeldStreamDouble]:
+        double = await DOUBLES[server](token_bytes(tok), replies).__aenter__()
         balancer = LLMBalancer(health_interval_s=0)
         balancer.add(double.url)
         gateway = Gateway(balancer, tok, keepalive_s=60)
@@ -79,6 +102,7 @@ async def rig_for(tok: ChatTokenizer) -> AsyncIterator[Any]:
             await double.__aexit__(None, None, None)
 
 
+@every_server
 async def test_chat_chunks_reach_the_client_while_the_server_generates(
     tok: ChatTokenizer, rig_for: Any
 ) -> None:
@@ -177,6 +201,37 @@ async def test_multibyte_characters_and_a_cut_one_stream_exactly(tok: ChatTokeni
     check_exact(ep2.session.run_output())
 
 
+@id_servers
+async def test_multibyte_characters_and_a_cut_one_stream_exactly_where_every_id_is_sent(
+    tok: ChatTokenizer, rig_for: Any
+) -> None:
+    """vLLM and SGLang send every token's ID and logprob, text or not: nothing to recover, no overshoot."""
+    text = "Café — 你好 🎉 ok"
+    ids = [*tok.encode(text), tok.eos_token_ids[0]]
+    tb = token_bytes(tok)
+    at = text.encode().index("🎉".encode())
+    emoji = next(i for i in range(len(ids)) if len(b"".join(tb[t] for t in ids[: i + 1])) > at)
+    assert not _decodes(b"".join(tb[t] for t in ids[: emoji + 1]))
+    rig, double = await rig_for([ids, ids])
+    double.release_all()
+    ep = await rig.open("multibyte", agent=AgentConfig(max_turns=5, context_budget=8192))
+    got = ""
+    async for chunk in await ep.openai().chat.completions.create(model="m", messages=USER, stream=True):
+        got += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+    assert got == text
+    assert ep.session.turns[0].output_ids == ids
+    assert ep.session.turns[0].logprobs == [double.logprob(i) for i in range(len(ids))]
+
+    limit = emoji + 1  # inside the emoji
+    ep2 = await rig.open("cut", agent=AgentConfig(max_turns=5, context_budget=8192))
+    r = await ep2.openai().chat.completions.create(model="m", messages=USER, stream=True, max_tokens=limit)
+    finish = [c.choices[0].finish_reason async for c in r if c.choices and c.choices[0].finish_reason]
+    assert finish == ["length"]
+    assert len(double.requests) == 2  # no replay
+    assert ep2.session.turns[0].output_ids == ids[:limit]
+    check_exact(ep2.session.run_output())
+
+
 def _decodes(raw: bytes) -> bool:
     try:
         raw.decode()
@@ -241,6 +296,7 @@ async def test_a_stream_records_what_a_plain_generation_records_on_llama_server(
     assert filled + replayed > 0
 
 
+@every_server
 async def test_with_tools_text_streams_until_a_call_begins_and_the_call_follows(
     tok: ChatTokenizer, rig_for: Any
 ) -> None:

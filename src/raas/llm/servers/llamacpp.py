@@ -7,6 +7,7 @@ length that matters is the per-slot ``n_ctx`` from ``/props``.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -63,12 +64,17 @@ class LlamaCppClient(ServerClient):
         room = max_tokens if ctx is None else max(ctx - len(prompt_ids), max_tokens)
         path, body = self.build_request(prompt_ids, sampling, min(max_tokens + OVERSHOOT, room))
         body["stream"] = True
+        # The IDs the stream leaves out may have to be found by generating the reply again: that needs
+        # the seed, so a stream always has one (kept in the result's extra["seed"]).
+        body.setdefault("seed", secrets.randbits(31))
         reader = LlamaStream(limit=max_tokens)
         async for event in self.post_stream(path, body):
             piece = reader.feed(event)
             if piece:
                 on_text(piece)
-        return reader.result()
+        result = reader.result()
+        result.extra["seed"] = body["seed"]
+        return result
 
     def parse_response(self, body: Any) -> GenerateResult:
         tokens = int_list(require(body, "tokens"), "tokens")

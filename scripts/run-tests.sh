@@ -20,15 +20,10 @@ bash scripts/build-test-image.sh
 # In parallel (pytest-xdist): most tests wait on sandboxes, servers and subprocesses, not on the CPU.
 # RAAS_TEST_WORKERS=0 runs them all in this one process. --dist loadfile keeps a file's tests (and its
 # module fixtures) on one worker. --durations: where the suite spends its time shows in every CI log.
-# Tests marked `serial` run afterwards in one process (pytest's exit 5: none selected there).
 workers="${RAAS_TEST_WORKERS:-2}"
 xdist=(-n "$workers")
 if [ "$workers" != 0 ]; then xdist+=(--dist loadfile); fi
-rc=0
-.venv/bin/pytest -p no:cacheprovider --durations=25 "${xdist[@]}" -m "not vllm and not serial" "$@" || rc=$?
-echo "== tests marked serial, in one process"
-.venv/bin/pytest -p no:cacheprovider -m "serial and not vllm" "$@" || { s=$?; [ "$s" = 5 ] || rc=$s; }
-if [ "$rc" != 0 ]; then exit "$rc"; fi
+.venv/bin/pytest -p no:cacheprovider --durations=25 "${xdist[@]}" -m "not vllm" "$@"
 if [ -n "$unpriv" ]; then
   echo "== rootless sandbox tests as $unpriv"
   home=$(getent passwd "$unpriv" | cut -d: -f6)

@@ -13,11 +13,9 @@ import pytest
 from raas.errors import RaasError
 from raas.sandbox.client import ToolClient
 
-from .conftest import start_server
+from .conftest import RunningServer, start_server
 
-# serial: in a pytest-xdist worker that ran other files first, its shared tool server's kernel failed
-# to start (kernel.json gone); alone it passes. scripts/run-tests.sh runs it after the parallel pass.
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+pytestmark = pytest.mark.integration
 
 
 def tiny_png() -> bytes:
@@ -118,3 +116,25 @@ async def test_output_is_capped(client: ToolClient) -> None:
     r = await client.ipython("print('z' * 100000)\n'q' * 100000", timeout=60, output_cap=1000)
     assert "bytes truncated" in r.stdout and len(r.stdout) < 1100
     assert r.result is not None and "bytes truncated" in r.result and len(r.result) < 1100
+
+
+@pytest.mark.parametrize("when", ["before the kernel starts", "while the kernel runs"])
+async def test_an_agent_that_empties_its_tmpdir_keeps_a_working_python(
+    fresh_server: RunningServer, when: str
+) -> None:
+    """Agents clean up with ``rm -rf $TMPDIR/*``; the tool server's own temp dir (the kernel's connection
+    file and sockets) lives there. Python must keep working, a restart included."""
+    wipe = 'rm -rf "${TMPDIR:-/tmp}"/* "${TMPDIR:-/tmp}"/.[!.]* 2>/dev/null; ls -A "${TMPDIR:-/tmp}" | wc -l'
+    async with ToolClient(fresh_server.socket, request_timeout_s=120) as c:
+        if when == "while the kernel runs":
+            assert (await c.ipython("kept = 41", timeout=120)).error is None
+        assert (await c.bash(wipe)).output.strip() == "0"
+        r = await c.ipython("kept + 1" if when == "while the kernel runs" else "6 * 7", timeout=120)
+        assert (r.result, r.error) == ("42", None)
+        await c.ipython_restart()
+        r = await c.ipython("'kept' in dir(), 2 + 2", timeout=120)
+        assert (r.result, r.error) == ("(False, 4)", None)
+        assert (await c.bash(wipe)).output.strip() == "0"
+        r = await c.ipython("import os; os._exit(1)", timeout=60)  # a kernel death after another wipe
+        assert r.restarted
+        assert (await c.ipython("3 + 3", timeout=120)).result == "6"

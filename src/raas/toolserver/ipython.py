@@ -90,6 +90,7 @@ class IPythonTool:
             )
         from jupyter_client.manager import AsyncKernelManager
 
+        self._ensure_tmpdir()
         km = AsyncKernelManager(
             kernel_name="python3",
             transport="ipc",
@@ -117,6 +118,19 @@ class IPythonTool:
             await self.close()
             raise ProtocolError(
                 TOOL_UNAVAILABLE, "the ipython kernel did not become ready: %s" % exc
+            ) from None
+
+    def _ensure_tmpdir(self) -> None:
+        """The kernel's connection file and sockets live in the server's temp dir, inside the TMPDIR the
+        agent sees; agents clean up with ``rm -rf $TMPDIR/*``. A kernel that runs keeps its connections,
+        but a (re)start needs the directory back."""
+        try:
+            os.mkdir(self.tmpdir, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise ProtocolError(
+                TOOL_UNAVAILABLE, "the ipython kernel's directory is gone: %s" % exc
             ) from None
 
     def _watch(self) -> None:
@@ -148,6 +162,7 @@ class IPythonTool:
             self.reaper.unwatch(self._pid)
             kill_tree(self._pid, include_root=not self._reaped())
         try:
+            self._ensure_tmpdir()
             await self._km.restart_kernel(now=True)
         except Exception as exc:
             await self.close()

@@ -128,6 +128,7 @@ def memory_file(name: str, tmpdir: str) -> int:
             pass
     import tempfile  # kernels before 3.17 only
 
+    os.makedirs(tmpdir, 0o700, exist_ok=True)  # the agent may have emptied its TMPDIR, where tmpdir lives
     fd, path = tempfile.mkstemp(prefix=name, dir=tmpdir)
     os.unlink(path)
     os.set_inheritable(fd, False)

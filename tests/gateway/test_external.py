@@ -248,11 +248,15 @@ async def test_a_harness_rollout_is_graded_on_the_patch_its_agent_sends(
     service: tuple[str, RolloutService],
 ) -> None:
     """EVAL applies the external agent's patch in a fresh sandbox, adds the hidden tests and runs the
-    check, as for a sandboxed agent; without a patch the repository is as given and the check fails."""
+    check, as for a sandboxed agent; without a patch the repository is as given and the check fails.
+    The instance names no ``agent``: the agent is outside raas (a job, whose agent raas runs, needs one)."""
     url, _ = service
-    instance = harness_instance("command", command="true")
+    instance = {k: v for k, v in harness_instance("command").items() if k != "agent"}
     rewards = []
     async with RaasClient(url, token=TOKEN) as client:  # the trainer side's client, this time
+        with pytest.raises(RaasError) as err:
+            await client.submit(instance)
+        assert err.value.kind == "bad_request" and "'agent'" in err.value.message
         for patch in (GOLD_PATCH, None):
             opened = await client.open_rollout(instance, lease_s=60)
             assert (await client.close_rollout(opened, patch=patch))["status"] == "closed"

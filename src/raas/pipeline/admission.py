@@ -75,8 +75,13 @@ class Admission:
             raise RaasError(NO_DATA_SOURCE, kind="bad_request", stage="api")
         data_source = str(request.instance.get("data_source"))
         handler = self.layers.handler_for(data_source)
+        gateway = self.layers.gateway
+        external = request.job_id is not None and gateway is not None and gateway.external.get(request.job_id)
         try:
-            handler.validate_instance(request.instance)
+            if external:  # opened by POST /v1/gateway/rollouts: its agent runs outside raas
+                handler.validate_external_instance(request.instance)
+            else:
+                handler.validate_instance(request.instance)
         except RaasError as exc:
             raise RaasError(exc.message, kind="bad_request", stage="api") from exc
         except Exception as exc:

@@ -172,6 +172,12 @@ each job (its own generic settings differ from the service's)."""
     def validate_instance(self, instance: dict[str, Any]) -> None:  # noqa: B027 - optional hook
         """Raise ``RaasError(kind="bad_request")`` for an instance this handler cannot run (checked at submit)."""
 
+    def validate_external_instance(self, instance: dict[str, Any]) -> None:
+        """The same for an external rollout's instance (``POST /v1/gateway/rollouts``): its agent runs
+        outside raas, so fields that only say how raas runs one (a harness's ``agent``) are not needed.
+        By default the checks of :meth:`validate_instance`."""
+        self.validate_instance(instance)
+
     def external_output(self, job: Job, env: Env, out: RunOutput, final: dict[str, Any]) -> RunOutput:
         """An external rollout's RUN record (the gateway's turns; :mod:`raas.gateway.external`) completed
         with what its agent sent when it closed (``final``: ``answer``, ``patch``, ``metadata``), so that

@@ -101,6 +101,11 @@ class HarnessHandler(TaskHandler):
             isinstance(instance.get("command"), str) and instance["command"].strip()
         ):
             raise RaasError("harness agent 'command' needs a non-empty 'command'", kind="bad_request")
+        self.validate_external_instance(instance)
+
+    def validate_external_instance(self, instance: dict[str, Any]) -> None:
+        """The repository, task and check; ``agent`` and ``command`` say how raas runs one, so an agent
+        outside raas needs neither."""
         if not isinstance(instance.get("task"), str) or not instance["task"].strip():
             raise RaasError("harness instance needs a non-empty string 'task'", kind="bad_request")
         if not isinstance(instance.get("check"), str) or not instance["check"].strip():
@@ -165,13 +170,16 @@ class HarnessHandler(TaskHandler):
         return sandbox
 
     async def init(self, job: Job, sandboxes: JobSandboxes) -> Env:
-        self.validate_instance(job.instance)
+        self.validate_external_instance(
+            job.instance
+        )  # the agent's fields: RUN (an external rollout has none)
         sandbox = await self.open_repo(job, sandboxes, job.instance.get("files", {}))
         return Env(job=job, sandboxes=sandboxes, sandbox=sandbox)
 
     # -- RUN ---------------------------------------------------------------------------------------------------
 
     async def run(self, job: Job, env: Env, llm: LLMContext) -> RunOutput:
+        self.validate_instance(job.instance)
         sandbox = env.sandbox
         if sandbox is None:
             raise RaasError("harness run stage has no sandbox", kind="handler_error", stage="run")

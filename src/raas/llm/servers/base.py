@@ -270,6 +270,12 @@ def sampling_fields(
     return fields
 
 
+def finish_of(reason: Any) -> str:
+    """A server's finish reason in raas's terms: ``length`` and ``abort`` as they are; anything else (EOS,
+    a stop token or string) is ``stop``."""
+    return reason if reason in ("length", "abort") else "stop"
+
+
 def require(body: Any, *keys: str | int) -> Any:
     """Walk ``body[k1][k2]...`` or raise an LLMError naming the missing field."""
     cur = body

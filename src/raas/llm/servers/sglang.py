@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from raas.llm.servers.base import ServerClient, TextSink, logprob_of, require, sampling_fields
+from raas.llm.servers.base import ServerClient, TextSink, finish_of, logprob_of, require, sampling_fields
 from raas.llm.types import GenerateResult, LLMError, SamplingParams, ServerInfo
 
 
@@ -160,7 +160,7 @@ def _result(ids: list[int], logprobs: list[float | None], meta: dict[str, Any]) 
     return GenerateResult(
         output_ids=ids,
         logprobs=logprobs,
-        finish_reason="length" if ftype == "length" else ("abort" if ftype == "abort" else "stop"),
+        finish_reason=finish_of(ftype),
         prompt_tokens=int(meta.get("prompt_tokens") or 0),
         cached_tokens=meta.get("cached_tokens"),
         extra={

@@ -27,7 +27,15 @@ from typing import Any, ClassVar
 
 import httpx
 
-from raas.llm.servers.base import ServerClient, TextSink, int_list, logprob_of, require, sampling_fields
+from raas.llm.servers.base import (
+    ServerClient,
+    TextSink,
+    finish_of,
+    int_list,
+    logprob_of,
+    require,
+    sampling_fields,
+)
 from raas.llm.types import GenerateResult, LLMError, SamplingParams, ServerInfo
 
 
@@ -182,11 +190,10 @@ def _result(
 ) -> GenerateResult:
     usage = usage if isinstance(usage, dict) else {}
     details = usage.get("prompt_tokens_details") or {}
-    finish = finish or "stop"
     return GenerateResult(
         output_ids=ids,
         logprobs=logprobs,
-        finish_reason="length" if finish == "length" else ("abort" if finish == "abort" else "stop"),
+        finish_reason=finish_of(finish),
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
         cached_tokens=details.get("cached_tokens"),
         extra={"stop_reason": stop_reason},

@@ -13,6 +13,7 @@ import pytest
 
 from raas.errors import RaasError
 from raas.tasks.datasets import BUILTIN_MATH_DEFAULT_N, builtin_math, load_dataset, load_file
+from raas.tasks.stem.answers import parse as stem_parse
 
 pytestmark = pytest.mark.unit
 
@@ -80,6 +81,23 @@ def test_jsonl_and_parquet_in_the_deepscaler_shape(tmp_path: Path) -> None:
         assert all(g["data_source"] == "math" for g in got)
         assert len({g["instance_id"] for g in got}) == 2
     assert load_file(jl)[0]["solution"] == "..."
+
+
+def test_a_parquet_file_mixing_tasks_gives_each_row_its_own(tmp_path: Path) -> None:
+    """Parquet gives every row every column, null where the row has none: a null is not a field."""
+    rows = [
+        {"problem": "6*7?", "answer": "42"},
+        {"question": "Which is a gas at room temperature?", "choices": ["iron", "helium"], "answer": "B"},
+        {"question": "How many legs has a spider?", "answer": "8"},
+    ]
+    pqf = tmp_path / "mixed.parquet"
+    columns = sorted({k for r in rows for k in r})
+    pq.write_table(pa.Table.from_pydict({c: [r.get(c) for r in rows] for c in columns}), pqf)
+    got = load_dataset(str(pqf))
+    assert got[0]["choices"] is None and got[1]["problem"] is None  # what parquet hands back
+    assert [g["data_source"] for g in got] == ["math", "stem", "stem"]
+    specs = [stem_parse(g) for g in got[1:]]
+    assert [s.gold for s in specs] == ["B", "8"] and specs[0].choices == ("iron", "helium")
 
 
 @pytest.mark.parametrize(

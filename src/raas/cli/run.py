@@ -23,6 +23,7 @@ from rich.table import Table
 from raas.cli.common import choose_sandbox, console, fail
 from raas.cli.inprocess import embedded_llm, service_in_process
 from raas.errors import RaasError
+from raas.tasks.datasets import BUILTIN_SPLITS, BUILTINS
 
 TERMINAL = ("completed", "failed", "timeout", "cancelled")
 
@@ -393,9 +394,16 @@ def replay_inputs(
     return out
 
 
+_SPLITS = ", ".join(f"{name} ({'/'.join(splits)})" for name, splits in BUILTIN_SPLITS.items())
+
+
 def run(
     dataset: Annotated[
-        str, typer.Argument(help="builtin:NAME[:N] (math, humaneval, stem), or a .jsonl/.parquet file")
+        str,
+        typer.Argument(
+            help=f"builtin:NAME[:N] ({', '.join(BUILTINS)}; builtin:NAME:SPLIT[:N] for {_SPLITS}), "
+            "or a .jsonl/.json/.parquet file"
+        ),
     ],
     n_samples: Annotated[int, typer.Option("--n-samples", "-n", min=1, help="Rollouts per instance")] = 1,
     server: Annotated[str | None, typer.Option(help="Use a running raas service at this URL")] = None,

@@ -19,7 +19,8 @@ def status(
     server: Annotated[str, typer.Option(help="raas service URL")] = DEFAULT_SERVER,
     as_json: Annotated[bool, typer.Option("--json", help="Print raw JSON")] = False,
 ) -> None:
-    """Queue depth and activity per stage, and the inference servers, of a running service."""
+    """Queue depth and activity per stage, and the inference servers, of a running service (a service
+    started with RAAS_API_TOKEN needs the same token in this command's environment)."""
     from raas.trainer.client import RaasClient
 
     async def fetch() -> tuple[dict[str, Any], Any]:

@@ -18,7 +18,9 @@ def infer_data_source(row: dict[str, Any]) -> str | None:
     """The task a row without ``data_source`` belongs to, from its shape: SWE-bench / SWE-Gym records
     (``swebench``), R2E-Gym records (``r2e``); test cases or an entry point make it ``code``, a ``question``
     (and no ``problem``) or ``choices`` make it ``stem``, ``problem`` and ``answer`` make it math; None when
-    it fits none."""
+    it fits none. A field whose value is null counts as absent: a parquet file that mixes tasks gives every
+    row every column, null where the row has none."""
+    row = {k: v for k, v in row.items() if v is not None}
     if all(k in row for k in SWE_FIELDS):
         return "swebench"
     if all(k in row for k in R2E_FIELDS):

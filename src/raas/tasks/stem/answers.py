@@ -105,14 +105,20 @@ def _gold_letter(answer: Any, choices: tuple[str, ...]) -> str:
     raise bad(f"field 'answer' {text!r} is not one of the choices {LETTERS[0]}-{LETTERS[len(choices) - 1]}")
 
 
+def _either(instance: dict[str, Any], name: str, other: str) -> Any:
+    """``name``'s value, else ``other``'s (a null counts as absent: mixed-task parquet rows have every column)."""
+    value = instance.get(name)
+    return instance.get(other) if value is None else value
+
+
 def parse(instance: dict[str, Any]) -> StemSpec:
     """The :class:`StemSpec` of a record; ``bad_request`` naming the field that is wrong."""
     if not isinstance(instance, dict):
         raise bad("an instance must be an object")
-    question = instance.get("question", instance.get("problem"))
+    question = _either(instance, "question", "problem")
     if not isinstance(question, str) or not question.strip():
         raise bad("field 'question' (or 'problem') must be a non-empty string")
-    answer = instance.get("answer", instance.get("answerKey"))
+    answer = _either(instance, "answer", "answerKey")
     if answer is None or (isinstance(answer, str) and not answer.strip()):
         raise bad("field 'answer' is missing")
     declared = instance.get("answer_type")

@@ -81,6 +81,9 @@ async def test_a_batch_too_narrow_for_every_row_is_an_error_not_a_silent_no_op(t
     with pytest.raises(RaasError) as err:
         await train(cfg)
     assert err.value.kind == "bad_request" and "max_prompt_len 8" in str(err.value)
+    # a run that stops early (an error, Ctrl-C) still leaves its config and the plot of what it logged
+    out = tmp_path / "out"
+    assert (out / "config.json").is_file() and (out / "learning_curve.png").stat().st_size > 0
 
 
 @pytest.mark.unit

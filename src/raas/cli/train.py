@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -98,6 +99,14 @@ def train(
     except RaasError as exc:
         typer.echo(f"raas train: {exc.kind}: {exc}", err=True)
         raise typer.Exit(1) from exc
+    except KeyboardInterrupt:
+        plot = Path(out) / "learning_curve.png"
+        typer.echo(
+            f"raas train: stopped; the log is {Path(out) / 'train.jsonl'}"
+            + (f", the plot {plot}" if plot.exists() else ""),
+            err=True,
+        )
+        raise typer.Exit(130) from None
     evals = [{"step": e["step"], "pass_rate": round(e["pass_rate"], 3)} for e in summary.evals]
     typer.echo(
         json.dumps(

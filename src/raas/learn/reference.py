@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import logging
 import random
 import statistics
 import tempfile
@@ -49,6 +50,8 @@ from raas.trainer.policy_loss import LossConfig, TorchBatch, dapo_loss, response
 from raas.trainer.rollout import FailurePolicy, RolloutClient
 from raas.trainer.train_log import TrainLog, plot_learning_curve
 from raas.trainer.types import Group, JobResult, is_valid, version_number
+
+_log = logging.getLogger("raas.learn")
 
 
 @dataclass
@@ -370,113 +373,141 @@ async def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | No
     started = time.monotonic()
     evals: list[dict[str, Any]] = []
     judged = JudgedGroups()
-    with TrainLog(out_dir / "train.jsonl") as log:
+    log = TrainLog(out_dir / "train.jsonl")
+    steps_done = 0
+    finished = False
+    try:
+        with log:
 
-        def record(rec: dict[str, Any]) -> None:
-            log.write(rec)
-            if on_step is not None:
-                on_step(rec)
+            def record(rec: dict[str, Any]) -> None:
+                log.write(rec)
+                if on_step is not None:
+                    on_step(rec)
 
-        async with contextlib.AsyncExitStack() as stack:
-            sync = LlamaWeightSync(
-                trainer.model,
-                template=trainer.gguf,
-                parallel=cfg.slots,
-                ctx_per_slot=cfg.context_per_slot,
-                tensor_type=cfg.tensor_type,
-            )
-            llm_url = (await stack.enter_async_context(sync)).url
-            url = await stack.enter_async_context(rollout_service(cfg, llm_url))
-            client = await stack.enter_async_context(RolloutClient(url, run_id="train"))
-            await client.set_weight_version("0")
-            progress = stack.enter_context(_Progress(cfg.steps, cfg.progress))
-
-            async def run_eval(step: int) -> None:
-                result = await evaluate(url, eval_set, cfg.eval_samples, sampling)
-                result.update(kind="eval", step=step, wall_s=time.monotonic() - started)
-                evals.append(result)
-                record(result)
-                rate = result["pass_rate"]
-                progress.note("held-out: all filtered" if rate is None else f"held-out pass {rate:.0%}")
-
-            if eval_set:
-                await run_eval(0)
-            sampler = DynamicSampler(
-                client,
-                _forever(train_set, cfg.seed),
-                group_size=cfg.group_size,
-                target_groups=cfg.target_groups,
-                max_inflight_groups=cfg.max_inflight_groups,
-                carry_over=cfg.carry_over,
-                max_staleness=cfg.max_staleness,
-                sampling_params=sampling,
-                mask_stale_turns=cfg.mask_stale_turns,
-                accept=judged.accept,
-            )
-            stack.push_async_callback(sampler.close)
-            steps_done = 0
-            for step in range(cfg.steps):
-                step_started = time.monotonic()
-                judged.clear()
-                groups, stats = await sampler.next_step()
-                batch = sampler.assemble(
-                    groups,
-                    trainer.pad_id,
-                    cfg.max_prompt_len,
-                    cfg.max_response_len,
-                    std_normalize=cfg.std_normalize,
+            async with contextlib.AsyncExitStack() as stack:
+                sync = LlamaWeightSync(
+                    trainer.model,
+                    template=trainer.gguf,
+                    parallel=cfg.slots,
+                    ctx_per_slot=cfg.context_per_slot,
+                    tensor_type=cfg.tensor_type,
                 )
-                if batch.size and int(batch.overlong.sum()) == batch.size:
-                    raise RaasError(too_long(groups, cfg), kind="bad_request")
-                rec: dict[str, Any] = {
-                    "kind": "step",
-                    "step": step + 1,
-                    "policy_version": sampler.policy_version,
-                }
-                rec.update(step_record(stats, judged.groups, batch))
-                train_started = time.monotonic()
-                fresh = fresh_rows(batch, groups, sampler.policy_version)
-                rec.update(await asyncio.to_thread(trainer.update, batch, fresh))
-                train_s = time.monotonic() - train_started
-                write_s = await sync.write()  # rollouts (carry-over) keep running meanwhile
-                sync_started = time.monotonic()
-                restart_s = 0.0
+                llm_url = (await stack.enter_async_context(sync)).url
+                url = await stack.enter_async_context(rollout_service(cfg, llm_url))
+                client = await stack.enter_async_context(RolloutClient(url, run_id="train"))
+                await client.set_weight_version("0")
+                progress = stack.enter_context(_Progress(cfg.steps, cfg.progress))
 
-                async def restart() -> None:
-                    nonlocal restart_s
-                    restart_s = await sync.restart()
+                async def run_eval(step: int) -> None:
+                    result = await evaluate(url, eval_set, cfg.eval_samples, sampling)
+                    result.update(kind="eval", step=step, wall_s=time.monotonic() - started)
+                    evals.append(result)
+                    record(result)
+                    rate = result["pass_rate"]
+                    progress.note("held-out: all filtered" if rate is None else f"held-out pass {rate:.0%}")
 
-                await sampler.update_weights(restart)
-                pause_s = time.monotonic() - sync_started
-                step_s = time.monotonic() - step_started
-                rec.update(
-                    wait_s=stats.time_waiting_s,
-                    train_s=train_s,
-                    sync_s=write_s + pause_s,
-                    sync_write_s=write_s,
-                    sync_pause_s=pause_s,
-                    sync_restart_s=restart_s,
-                    step_s=step_s,
-                    idle_fraction=stats.time_waiting_s / step_s if step_s else 0.0,
-                    train_tokens_per_s=rec.get("trained_tokens", 0) / train_s if train_s else 0.0,
-                    rollout_tokens_per_s=rec["rollout_tokens"] / step_s if step_s else 0.0,
-                    wall_s=time.monotonic() - started,
+                if eval_set:
+                    await run_eval(0)
+                sampler = DynamicSampler(
+                    client,
+                    _forever(train_set, cfg.seed),
+                    group_size=cfg.group_size,
+                    target_groups=cfg.target_groups,
+                    max_inflight_groups=cfg.max_inflight_groups,
+                    carry_over=cfg.carry_over,
+                    max_staleness=cfg.max_staleness,
+                    sampling_params=sampling,
+                    mask_stale_turns=cfg.mask_stale_turns,
+                    accept=judged.accept,
                 )
-                record(rec)
-                progress.advance(rec)
-                out_of_time = cfg.max_wall_s is not None and time.monotonic() - started >= cfg.max_wall_s
-                last = step + 1 == cfg.steps or out_of_time
-                if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or last):
-                    await run_eval(step + 1)
-                if last:
+                stack.push_async_callback(sampler.close)
+
+                def interrupted(kind: type[BaseException] | None, *_: object) -> None:
+                    if kind is not None and issubclass(kind, asyncio.CancelledError | KeyboardInterrupt):
+                        _log.warning(
+                            "raas train: interrupted after %d steps; stopping the rollouts, sandboxes and "
+                            "model server (the log so far: %s)",
+                            steps_done,
+                            log.path,
+                        )
+
+                stack.push(interrupted)
+                for step in range(cfg.steps):
+                    step_started = time.monotonic()
+                    judged.clear()
+                    groups, stats = await sampler.next_step()
+                    batch = sampler.assemble(
+                        groups,
+                        trainer.pad_id,
+                        cfg.max_prompt_len,
+                        cfg.max_response_len,
+                        std_normalize=cfg.std_normalize,
+                    )
+                    if batch.size and int(batch.overlong.sum()) == batch.size:
+                        raise RaasError(too_long(groups, cfg), kind="bad_request")
+                    rec: dict[str, Any] = {
+                        "kind": "step",
+                        "step": step + 1,
+                        "policy_version": sampler.policy_version,
+                    }
+                    rec.update(step_record(stats, judged.groups, batch))
+                    train_started = time.monotonic()
+                    fresh = fresh_rows(batch, groups, sampler.policy_version)
+                    rec.update(await asyncio.to_thread(trainer.update, batch, fresh))
+                    train_s = time.monotonic() - train_started
+                    write_s = await sync.write()  # rollouts (carry-over) keep running meanwhile
+                    sync_started = time.monotonic()
+                    restart_s = 0.0
+
+                    async def restart() -> None:
+                        nonlocal restart_s
+                        restart_s = await sync.restart()
+
+                    await sampler.update_weights(restart)
+                    pause_s = time.monotonic() - sync_started
+                    step_s = time.monotonic() - step_started
+                    rec.update(
+                        wait_s=stats.time_waiting_s,
+                        train_s=train_s,
+                        sync_s=write_s + pause_s,
+                        sync_write_s=write_s,
+                        sync_pause_s=pause_s,
+                        sync_restart_s=restart_s,
+                        step_s=step_s,
+                        idle_fraction=stats.time_waiting_s / step_s if step_s else 0.0,
+                        train_tokens_per_s=rec.get("trained_tokens", 0) / train_s if train_s else 0.0,
+                        rollout_tokens_per_s=rec["rollout_tokens"] / step_s if step_s else 0.0,
+                        wall_s=time.monotonic() - started,
+                    )
+                    record(rec)
                     steps_done = step + 1
-                    break
+                    progress.advance(rec)
+                    out_of_time = cfg.max_wall_s is not None and time.monotonic() - started >= cfg.max_wall_s
+                    last = step + 1 == cfg.steps or out_of_time
+                    if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or last):
+                        await run_eval(step + 1)
+                    if last:
+                        break
+        finished = True
+    finally:
+        # Also for a run that was interrupted or failed: the plot and config of what it logged.
+        plot = _write_outputs(cfg, log, out_dir, quiet=not finished)
     wall = time.monotonic() - started
-    plot = None
-    with contextlib.suppress(ImportError):
-        plot = str(plot_learning_curve(log.path, out_dir / "learning_curve.png"))
-    (out_dir / "config.json").write_text(_config_json(cfg), encoding="utf-8")
     return TrainSummary(steps=steps_done, wall_s=wall, evals=evals, log_path=str(log.path), plot_path=plot)
+
+
+def _write_outputs(cfg: TrainConfig, log: TrainLog, out_dir: Path, *, quiet: bool) -> str | None:
+    """``config.json`` and the learning-curve plot (None without matplotlib, or when ``quiet`` and it
+    fails: an interrupted run's own error is the one to report)."""
+    plot = None
+    try:
+        (out_dir / "config.json").write_text(_config_json(cfg), encoding="utf-8")
+        with contextlib.suppress(ImportError):
+            plot = str(plot_learning_curve(log.path, out_dir / "learning_curve.png"))
+    except Exception:
+        if not quiet:
+            raise
+    return plot
 
 
 def _config_json(cfg: TrainConfig) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import socket
 from typing import Any
 
@@ -371,6 +372,7 @@ async def test_many_rollouts_at_once_are_each_attributed_exactly(tok: ChatTokeni
         finally:
             await gateway.aclose()
             await balancer.aclose()
+            shutil.rmtree(rig.dir, ignore_errors=True)
 
 
 async def test_a_sandbox_cannot_hoard_connections_to_its_gateway(tok: ChatTokenizer) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -83,23 +84,24 @@ def server() -> str:
 @pytest.fixture
 async def rig_for(tok: ChatTokenizer, server: str) -> AsyncIterator[Any]:
     """``await rig_for(replies)``: a gateway in front of a streaming double of ``server``."""
-    opened: list[tuple[HeldStreamDouble, LLMBalancer, Gateway]] = []
+    opened: list[tuple[HeldStreamDouble, Rig]] = []
 
     async def make(replies: list[list[int]]) -> tuple[Rig, HeldStreamDouble]:
         double = await DOUBLES[server](token_bytes(tok), replies).__aenter__()
         balancer = LLMBalancer(health_interval_s=0)
         balancer.add(double.url)
-        gateway = Gateway(balancer, tok, keepalive_s=60)
-        opened.append((double, balancer, gateway))
-        return Rig(balancer, gateway), double
+        rig = Rig(balancer, Gateway(balancer, tok, keepalive_s=60))
+        opened.append((double, rig))
+        return rig, double
 
     try:
         yield make
     finally:
-        for double, balancer, gateway in opened:
-            await gateway.aclose()
-            await balancer.aclose()
+        for double, rig in opened:
+            await rig.gateway.aclose()
+            await rig.balancer.aclose()
             await double.__aexit__(None, None, None)
+            shutil.rmtree(rig.dir, ignore_errors=True)
 
 
 @every_server

@@ -391,6 +391,16 @@ def replay_inputs(
         if p.error is not None:
             raise RaasError(p.error.message, kind=p.error.kind)
         out[p.instance_id] = p.model_patch
+    ids = [str(i.get("instance_id")) for i in instances]
+    missing = [i for i in ids if i not in out]
+    if missing:  # a typo in an id would otherwise pass as a wrong patch
+        shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+        console.print(
+            f"{len(missing)} of {len(ids)} instances have no prediction in {patches} and are played without "
+            f"an edit (graded empty_patch): {shown}",
+            style="yellow",
+            markup=False,
+        )
     return out
 
 

@@ -64,11 +64,18 @@ def test_replay_inputs_refuse_what_cannot_work(
     assert err.value.kind == "bad_request" and message in err.value.message
 
 
-def test_replay_inputs_read_predictions_and_refuse_non_swe_rows(tmp_path: Path) -> None:
+def test_replay_inputs_read_predictions_and_refuse_non_swe_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rows = load_file(DATA)
     preds = tmp_path / "preds.jsonl"
     preds.write_text(json.dumps({"instance_id": rows[0]["instance_id"], "model_patch": PATCH}) + "\n")
-    assert replay_inputs("replay", preds, rows, server=None, llm=None) == {rows[0]["instance_id"]: PATCH}
+    assert replay_inputs("replay", preds, rows[:1], server=None, llm=None) == {rows[0]["instance_id"]: PATCH}
+    assert "no prediction" not in capsys.readouterr().err
+    assert replay_inputs("replay", preds, rows[:3], server=None, llm=None) == {rows[0]["instance_id"]: PATCH}
+    said = " ".join(capsys.readouterr().err.split())
+    assert "2 of 3 instances have no prediction in" in said
+    assert rows[1]["instance_id"] in said and rows[2]["instance_id"] in said
     assert replay_inputs("model", None, rows, server=None, llm=None) is None
     math = [{"data_source": "math", "problem": "1+1", "answer": "2", "instance_id": "m"}]
     with pytest.raises(RaasError, match="not SWE records: m"):

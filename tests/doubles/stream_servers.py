@@ -25,17 +25,16 @@ servers hold such bytes back).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import socket
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Self
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from tests.doubles.local_server import LocalServer
 
 
 def gpt2_byte_decoder() -> dict[str, int]:
@@ -48,12 +47,6 @@ def gpt2_byte_decoder() -> dict[str, int]:
             cs.append(256 + n)
             n += 1
     return {chr(c): b for b, c in zip(bs, cs, strict=True)}
-
-
-class _Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 class HeldStreamDouble:
@@ -72,14 +65,11 @@ class HeldStreamDouble:
         self.finished = 0
         self._gate = asyncio.Semaphore(0)
         self._open = False
-        self.port = 0
-        self._server: _Server | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._sock: socket.socket | None = None
+        self._server = LocalServer(Starlette(routes=self.routes()))
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self._server.url
 
     def release(self, n: int = 1) -> None:
         for _ in range(n):
@@ -131,26 +121,12 @@ class HeldStreamDouble:
         return StreamingResponse(events, media_type="text/event-stream")
 
     async def __aenter__(self) -> Self:
-        app = Starlette(routes=self.routes())
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind(("127.0.0.1", 0))
-        self.port = self._sock.getsockname()[1]
-        self._server = _Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
-        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-            await asyncio.sleep(0.01)
+        await self._server.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self.release_all()
-        if self._server is not None and self._task is not None:
-            self._server.should_exit = True
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._task, 10)
-        if self._sock is not None:
-            self._sock.close()
+        await self._server.stop(timeout_s=10)
 
 
 def _sse(event: Any) -> str:

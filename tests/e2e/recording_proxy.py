@@ -8,19 +8,15 @@ the list of its events).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import socket
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from tests.doubles.local_server import LocalServer
 
 
 @dataclass
@@ -32,29 +28,20 @@ class Exchange:
     response: Any
 
 
-class _Server(uvicorn.Server):
-    """Leaves SIGINT/SIGTERM to the test runner."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 class RecordingProxy:
     """``async with RecordingProxy(upstream_url) as p: p.url; p.exchanges``."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.exchanges: list[Exchange] = []
-        self.port = 0
         self._http: httpx.AsyncClient | None = None
-        self._server: uvicorn.Server | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._sock: socket.socket | None = None
+        self._server = LocalServer(
+            Starlette(routes=[Route("/{path:path}", self._forward, methods=["GET", "POST", "DELETE", "PUT"])])
+        )
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self._server.url
 
     async def _forward(self, request: Request) -> Response:
         assert self._http is not None
@@ -81,27 +68,11 @@ class RecordingProxy:
 
     async def __aenter__(self) -> RecordingProxy:
         self._http = httpx.AsyncClient(timeout=600)
-        app = Starlette(
-            routes=[Route("/{path:path}", self._forward, methods=["GET", "POST", "DELETE", "PUT"])]
-        )
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind(("127.0.0.1", 0))
-        self.port = self._sock.getsockname()[1]
-        self._server = _Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
-        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-            await asyncio.sleep(0.01)
+        await self._server.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._server is not None and self._task is not None:
-            self._server.should_exit = True
-            with contextlib.suppress(Exception):
-                await self._task
-        if self._sock is not None:
-            self._sock.close()
+        await self._server.stop()
         if self._http is not None:
             await self._http.aclose()
 

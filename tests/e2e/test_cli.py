@@ -35,6 +35,19 @@ def marked_env(mark: str) -> dict[str, str]:
     return env
 
 
+def run_raas(cwd: Path, *args: str, mark: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """``raas ARGS`` as a child in ``cwd``, tagged with ``mark`` (:func:`marked_env`); output captured."""
+    return subprocess.run(
+        [*RAAS, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=marked_env(mark),
+        cwd=cwd,
+        check=False,
+    )
+
+
 def processes_with_mark(mark: str) -> list[int]:
     needle = f"RAAS_TEST_MARK={mark}".encode()
     found = []
@@ -70,30 +83,8 @@ def test_run_tiny_dataset_end_to_end(tmp_path: Path) -> None:
     )
     out = tmp_path / "results.jsonl"
     mark = uuid.uuid4().hex
-    proc = subprocess.run(
-        [
-            *RAAS,
-            "run",
-            str(data),
-            "--sandbox",
-            "local",
-            "--max-turns",
-            "2",
-            "--max-tokens",
-            "16",
-            "--n-samples",
-            "2",
-            "-o",
-            str(out),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=marked_env(mark),
-        cwd=tmp_path,
-        check=False,
-    )
+    args = ["--sandbox", "local", "--max-turns", "2", "--max-tokens", "16", "--n-samples", "2"]
+    proc = run_raas(tmp_path, "run", str(data), *args, "-o", str(out), "--json", mark=mark, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)  # --json: stdout is the JSON document and nothing else
     assert summary["jobs"] == 4 and summary["status"].get("completed") == 4

@@ -8,13 +8,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 from tests.conftest import unavailable
-from tests.e2e.test_cli import marked_env, wait_gone
+from tests.e2e.test_cli import RAAS, run_raas, wait_gone
 
 from raas.errors import RaasError
 from raas.sandbox.images import build_sif
@@ -24,7 +23,6 @@ from raas.tasks.swe.records import SweRecord
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
-RAAS = [sys.executable, "-m", "raas.cli"]
 SMALL_SET = {"packages": list(FAST_PACKAGES), "per_package": 4, "seed": 0, "jobs": 2}
 
 
@@ -47,15 +45,7 @@ def test_raas_run_swe_jsonl_with_the_embedded_model(swe_records: list[SweRecord]
     out = tmp_path / "results.jsonl"
     mark = uuid.uuid4().hex
     args = ["--sandbox", "bwrap", "--max-turns", "2", "--max-tokens", "64", "--context-budget", "4096"]
-    proc = subprocess.run(
-        [*RAAS, "run", str(data), *args, "-o", str(out), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=marked_env(mark),
-        cwd=tmp_path,
-        check=False,
-    )
+    proc = run_raas(tmp_path, "run", str(data), *args, "-o", str(out), "--json", mark=mark)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["jobs"] == 1 and summary["status"] == {"completed": 1}, summary

@@ -8,33 +8,23 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.e2e.test_cli import marked_env, wait_gone
+from tests.e2e.test_cli import RAAS, run_raas, wait_gone
 from tests.e2e.test_swe_cli import swe_records  # noqa: F401 - the built small set, a fixture
 
 from raas.tasks.swe.records import SweRecord
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
-RAAS = [sys.executable, "-m", "raas.cli"]
 NOTE = "diff --git a/NOTES.md b/NOTES.md\nnew file mode 100644\n--- /dev/null\n+++ b/NOTES.md\n@@ -0,0 +1 @@\n+reviewed\n"
 
 
 def swe_eval(cwd: Path, *args: str, mark: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*RAAS, "swe", "eval", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=marked_env(mark),
-        cwd=cwd,
-        check=False,
-    )
+    return run_raas(cwd, "swe", "eval", *args, mark=mark)
 
 
 def test_swe_eval_grades_predictions_through_the_handler_eval(
@@ -140,15 +130,7 @@ def test_raas_run_replay_policy_plays_the_patches(swe_records: list[SweRecord], 
     )
     mark = uuid.uuid4().hex
     args = ["run", str(data), "--policy", "replay", "--patches", str(preds), "--sandbox", "bwrap", "--json"]
-    proc = subprocess.run(
-        [*RAAS, *args, "-o", str(tmp_path / "out.jsonl")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=marked_env(mark),
-        cwd=tmp_path,
-        check=False,
-    )
+    proc = run_raas(tmp_path, *args, "-o", str(tmp_path / "out.jsonl"), mark=mark)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["status"] == {"completed": 2} and summary["reward_mean"] == 0.5, summary

@@ -124,12 +124,11 @@ class SGLangStream:
         text = event.get("text")
         if not isinstance(text, str):
             return ""
-        if cumulative or (have == 0 and not self.text):
+        if cumulative:
             piece = text[len(self.text) :] if text.startswith(self.text) else ""
-            self.text = text if text.startswith(self.text) else self.text
-        else:
+        else:  # incremental, or the first tokens (where both modes send the same)
             piece = text
-            self.text += text
+        self.text += piece
         return piece
 
     def result(self) -> GenerateResult:

@@ -27,8 +27,10 @@ if [ "$workers" != 0 ]; then xdist+=(--dist loadfile); fi
 if [ -n "$unpriv" ]; then
   echo "== rootless sandbox tests as $unpriv"
   home=$(getent passwd "$unpriv" | cut -d: -f6)
-  runuser -u "$unpriv" -- env HOME="$home" RAAS_HOME="$home/.cache/raas" RAAS_IMAGE_CACHE="$RAAS_IMAGE_CACHE" \
-    .venv/bin/pytest -p no:cacheprovider "${xdist[@]}" -m "not vllm" tests/sandbox -k "apptainer or bwrap"
-  runuser -u "$unpriv" -- env HOME="$home" RAAS_HOME="$home/.cache/raas" RAAS_IMAGE_CACHE="$RAAS_IMAGE_CACHE" \
-    .venv/bin/pytest -p no:cacheprovider "${xdist[@]}" -m "not vllm" tests/tasks/swe
+  # That user's own PATH (the venv, then the system's directories), not root's: what root's PATH puts
+  # first (pyenv or conda shims, ~/.cargo/bin) lives in root's home, where that user may not execute.
+  as_user=(runuser -u "$unpriv" -- env HOME="$home" RAAS_HOME="$home/.cache/raas" RAAS_IMAGE_CACHE="$RAAS_IMAGE_CACHE"
+    PATH="$PWD/.venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+  "${as_user[@]}" .venv/bin/pytest -p no:cacheprovider "${xdist[@]}" -m "not vllm" tests/sandbox -k "apptainer or bwrap"
+  "${as_user[@]}" .venv/bin/pytest -p no:cacheprovider "${xdist[@]}" -m "not vllm" tests/tasks/swe
 fi

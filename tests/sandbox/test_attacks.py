@@ -11,7 +11,6 @@ import io
 import os
 import shutil
 import signal
-import subprocess
 import tarfile
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from raas.errors import RaasError
 from raas.sandbox import Sandbox, SandboxConfig, SandboxManager
 from raas.sandbox import procs as sbprocs
 from raas.toolserver.bundle import BUNDLE_PACKAGE
+from tests.sandbox.other_user import as_nobody
 
 pytestmark = pytest.mark.integration
 ISOLATED = pytest.mark.parametrize("backend", ["bwrap", "apptainer"])
@@ -325,16 +325,6 @@ async def test_uploads_never_write_outside_the_destination(
 
 
 # -- 6. other local users ------------------------------------------------------------------------------
-
-
-def as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
 
 
 @ISOLATED

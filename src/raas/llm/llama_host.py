@@ -76,7 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = xllamacpp.Server(params)  # loads the model, then listens; raises when either fails
     except Exception as exc:
-        print(f"llama-host: the server did not start: {exc}", file=sys.stderr, flush=True)
+        # Named here: llama.cpp's own log line about the model comes from a logging thread that may not
+        # have written it before this process exits.
+        print(
+            f"llama-host: the server did not start with model {args.model}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     print(f"llama-host: listening on {server.listening_address}", file=sys.stderr, flush=True)
     # Serve until told to stop; SIGTERM and SIGINT end the process with no Python cleanup to wait for.

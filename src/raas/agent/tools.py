@@ -12,9 +12,9 @@ the job is filtered. Which is which is :func:`raas.errors.is_infrastructure`'s c
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from raas.core.metrics import observe_tool
 from raas.errors import RaasError, is_infrastructure
@@ -79,9 +79,12 @@ def truncate(text: str, cap_bytes: int) -> str:
     return f"{head}\n[... {cut} bytes truncated ...]\n{tail}"
 
 
-def validate_arguments(name: str, arguments: Mapping[str, Any]) -> str | None:
-    """A message naming what is wrong with ``arguments`` for tool ``name``, or None when they fit its schema."""
-    args = {a.name: a for a in ops.policy_args(policy_tools()[name])}
+def validate_arguments(
+    name: str, arguments: Mapping[str, Any], tool: PolicyTool | None = None
+) -> str | None:
+    """A message naming what is wrong with ``arguments`` for tool ``name`` (``tool``: its declaration, when
+    it is not one of :func:`policy_tools`), or None when they fit its schema."""
+    args = {a.name: a for a in ops.policy_args(tool or policy_tools()[name])}
     missing = [k for k, a in args.items() if a.required and k not in arguments]
     if missing:
         return f"missing required argument(s) {', '.join(missing)} for {name}"
@@ -134,22 +137,54 @@ def _format_ipython(r: IPythonResult) -> str:
     return "\n".join(parts) if parts else "(no output)"
 
 
-class ToolSet:
-    """A named subset of the tools: the schemas passed to the chat template and the dispatcher."""
+class HostTool(Protocol):
+    """A tool whose call raas composes on the host from the sandbox's ops (a task's own scaffold, e.g.
+    :mod:`raas.agent.scaffold`): its declaration (``tool``, with ``op`` None and its arguments in
+    ``extra``) and what a (checked) call does."""
 
-    def __init__(self, names: Iterable[str]) -> None:
+    @property
+    def tool(self) -> PolicyTool: ...
+
+    def run(
+        self, sandbox: Sandbox, arguments: Mapping[str, Any], *, timeout_s: float, cap_bytes: int
+    ) -> Awaitable[Observation]: ...
+
+
+class ToolSet:
+    """A named subset of the tools: the schemas passed to the chat template and the dispatcher.
+
+    ``host_tools``: tools of a task's own besides :func:`policy_tools` (see :class:`HostTool`).
+    ``show_schemas=False``: the chat template is given no schemas (:attr:`schemas` is empty), for a
+    scaffold whose prompt describes its tools itself."""
+
+    def __init__(
+        self,
+        names: Iterable[str],
+        *,
+        host_tools: Mapping[str, HostTool] | None = None,
+        show_schemas: bool = True,
+    ) -> None:
         names = list(names)
-        tools = policy_tools()
+        host = dict(host_tools or {})
+        tools = {**policy_tools(), **{n: h.tool for n, h in host.items()}}
         unknown = [n for n in names if n not in tools]
         if unknown:
             raise RaasError(f"unknown tool(s): {', '.join(unknown)}", kind="bad_request")
         self.names = names
         self._tools = {n: tools[n] for n in names}
-        self._schemas = [ops.function_schema(tools[n]) for n in names]
+        self._host = {n: h for n, h in host.items() if n in names}
+        self._all_schemas = [ops.function_schema(tools[n]) for n in names]
+        self._schemas = self._all_schemas if show_schemas else []
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
+        """What the chat template renders (empty when the prompt describes the tools itself)."""
         return self._schemas
+
+    @property
+    def declared_schemas(self) -> list[dict[str, Any]]:
+        """Every tool's schema, shown or not."""
+        return self._all_schemas
 
     def is_terminal(self, name: str) -> bool:
         return name in TERMINAL_TOOLS and name in self.names
@@ -162,7 +197,7 @@ class ToolSet:
                 is_error=True,
                 kind="unknown_tool",
             )
-        problem = validate_arguments(name, arguments)
+        problem = validate_arguments(name, arguments, self._tools[name])
         if problem:
             return Observation(f"Error: {problem}.", is_error=True, kind="bad_arguments")
         return None
@@ -191,8 +226,10 @@ class ToolSet:
     async def _run(
         self, sandbox: Sandbox, name: str, arguments: Mapping[str, Any], *, timeout_s: float, cap_bytes: int
     ) -> Observation:
-        tool, op, args = sandbox_call(self._tools[name], arguments, timeout_s)
         try:
+            if name in self._host:
+                return await self._host[name].run(sandbox, arguments, timeout_s=timeout_s, cap_bytes=cap_bytes)
+            tool, op, args = sandbox_call(self._tools[name], arguments, timeout_s)
             result, _ = await sandbox.tools.call(tool, op, args)
             text = _FORMATTERS[(tool, op)](result)
         except RaasError as e:

@@ -188,6 +188,11 @@ class Sandbox(ABC):
         """Where :attr:`run_dir` appears inside the sandbox (the local backend: its host path)."""
         return INNER_RUN
 
+    def workdir_inside(self) -> str:
+        """The tool server's working dir as code inside the sandbox sees it (``config.workdir``; the
+        local backend: its host workspace). Relative paths a policy gives are relative to it."""
+        return str(getattr(self.config, "workdir", "/"))
+
     def listen_in_run_dir(self, name: str) -> tuple[socket.socket, str]:
         """A listening Unix socket ``run_dir/name`` for a host service that code in this sandbox may use,
         e.g. the agent gateway; returns it and its path inside the sandbox.

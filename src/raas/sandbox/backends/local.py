@@ -32,6 +32,9 @@ class LocalSandbox(Sandbox):
     def run_dir_inside(self) -> str:
         return str(self.run_dir)  # no root of its own: the host path is the path
 
+    def workdir_inside(self) -> str:
+        return str(self.workspace)
+
     def build_launch(self) -> LaunchSpec:
         cfg = self.config
         env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}

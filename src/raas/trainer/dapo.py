@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from raas.errors import RaasError
 from raas.trainer.grpo import Batch, assemble_batch
+from raas.trainer.pass_rates import PassRateFilter
 from raas.trainer.rollout import RolloutClient
 from raas.trainer.types import Group
 
@@ -59,6 +60,8 @@ class StepStats:
     """Accepted groups of this step that were submitted under an older policy version."""
     staleness: dict[int, int] = field(default_factory=dict)
     """Accepted groups by staleness (current version minus the group's oldest turn version)."""
+    skipped_prompts: int = 0
+    """Prompts the pass-rate filter deferred this step (all solved or all failed recently)."""
     time_waiting_s: float = 0.0
     """Wall time the trainer spent inside ``next_step``."""
     exhausted: bool = False
@@ -100,6 +103,7 @@ class DynamicSampler:
         mask_stale_turns: bool = False,
         accept: Callable[[Group], bool] | None = None,
         policy_version: int = 0,
+        pass_rates: PassRateFilter | None = None,
     ) -> None:
         if group_size < 1 or target_groups < 1 or max_inflight_groups < 1 or max_staleness < 0:
             raise RaasError(
@@ -119,6 +123,10 @@ class DynamicSampler:
         self.mask_stale_turns = mask_stale_turns
         self.accept = accept or (lambda g: g.informative)
         self.policy_version = policy_version
+        self.pass_rates = pass_rates
+        """Per-prompt pass-rate tracking (:mod:`raas.trainer.pass_rates`): skip settled prompts, prefer
+        uncertain ones; None: the data's order."""
+        self._lookahead: list[dict[str, Any]] = []
         self.step = 0
         self._data: Iterator[dict[str, Any]] = iter(dataset)
         self._again: collections.deque[dict[str, Any]] = collections.deque()
@@ -146,6 +154,11 @@ class DynamicSampler:
             return self._again.popleft()
         if self._exhausted:
             return None
+        if self.pass_rates is not None:
+            chosen = self.pass_rates.choose(self._data, self._lookahead)
+            if chosen is None:
+                self._exhausted = True
+            return chosen
         try:
             return next(self._data)
         except StopIteration:
@@ -210,6 +223,7 @@ class DynamicSampler:
         stats = StepStats(
             step=self.step, policy_version=self.policy_version, target_groups=self.target_groups
         )
+        skipped_before = self.pass_rates.skipped if self.pass_rates is not None else 0
         accepted: list[Group] = []
         for g in self._ready:  # accepted last step beyond the target (carry_over): re-checked for staleness
             self._judge(g, accepted, stats)
@@ -243,6 +257,8 @@ class DynamicSampler:
                 stats.carried_in_groups += 1
         after = self.client.stats.snapshot()
         stats.failures = {k: after[k] - before[k] for k in _CLIENT_COUNTERS}
+        if self.pass_rates is not None:
+            stats.skipped_prompts = self.pass_rates.skipped - skipped_before
         stats.time_waiting_s = time.monotonic() - started
         self.step += 1
         return batch, stats
@@ -250,6 +266,8 @@ class DynamicSampler:
     def _take(self, group: Group, accepted: list[Group], stats: StepStats) -> None:
         if self._inflight.pop(group.group_id, None) is None:
             return  # not one of this sampler's groups
+        if self.pass_rates is not None and not group.dropped:
+            self.pass_rates.observe(group.instance, group.rewards)
         self._judge(group, accepted, stats)
 
     async def _cancel_inflight(self, stats: StepStats) -> None:

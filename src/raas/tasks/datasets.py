@@ -414,17 +414,29 @@ def _builtin_lookup(n: int | None = None, split: str = "train") -> list[dict[str
     return builtin_lookup(n, split=split)
 
 
+def _builtin_swe_mini(n: int | None = None, split: str = "train") -> list[dict[str, Any]]:
+    from raas.tasks.swe.mini.dataset import swe_mini
+
+    return swe_mini(n, split=split)
+
+
 BUILTINS: dict[str, Callable[..., list[dict[str, Any]]]] = {
     "math": lambda n=None: builtin_math() if n is None else builtin_math(n),
     "humaneval": _builtin_humaneval,
     "stem": _builtin_stem,
     "addition": builtin_addition,
     "lookup": _builtin_lookup,
+    "swe-mini": _builtin_swe_mini,
 }
 """``builtin:NAME[:N]`` datasets: math (16 by default), humaneval (all 164), stem (16), addition (24 one-digit
-sums the embedded model solves sometimes), lookup (16; read a secret with the bash tool)."""
+sums the embedded model solves sometimes), lookup (16; read a secret with the bash tool), swe-mini (the
+bug-fix curriculum; built into the image cache on first use, as root)."""
 
-BUILTIN_SPLITS: dict[str, tuple[str, ...]] = {"lookup": ("train", "test"), "addition": ("train", "test")}
+BUILTIN_SPLITS: dict[str, tuple[str, ...]] = {
+    "lookup": ("train", "test"),
+    "addition": ("train", "test"),
+    "swe-mini": ("train", "test"),
+}
 """Built-ins with held-out splits, named ``builtin:NAME:SPLIT[:N]``; ``builtin:NAME[:N]`` stays each one's
 default set (lookup: its train split; addition: the 24 sums of :data:`ADDITION_PAIRS`)."""
 

@@ -36,6 +36,7 @@ def builtin_handlers() -> dict[str, type[TaskHandler]]:
     from raas.tasks.math import MathHandler
     from raas.tasks.stem import StemHandler
     from raas.tasks.swe.handler import ALIASES, SweHandler
+    from raas.tasks.swe.mini.handler import SweMiniHandler
 
     handlers: dict[str, type[TaskHandler]] = {
         MathHandler.name: MathHandler,
@@ -47,6 +48,7 @@ def builtin_handlers() -> dict[str, type[TaskHandler]]:
     }
     handlers.update({alias: CodeHandler for alias in CODE_ALIASES})
     handlers.update(dict.fromkeys((SweHandler.name, *ALIASES), SweHandler))
+    handlers[SweMiniHandler.name] = SweMiniHandler
     return handlers
 
 

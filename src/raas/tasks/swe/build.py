@@ -26,7 +26,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from raas.errors import RaasError
 from raas.sandbox import SandboxManager
@@ -37,7 +36,7 @@ from . import coverage, envimage, grading, problem, repo
 from .mutate import MUTATORS, Mutation, candidate_mutations
 from .packages import PackageSpec, fetch_sdist, get_package, sdist_time, unpack_sdist
 from .records import SweRecord
-from .runner import CommandRun, evaluate, run_command, sandbox_config
+from .runner import CommandRun, SuiteSandboxes
 
 BUILD_VERSION = 3  # bump when what a build produces changes (invalidates cached package results)
 LOG_PARSER = "parse_log_pytest"
@@ -246,7 +245,7 @@ class Builder:
         self.manager = manager
         self.cache = opts.cache or image_cache_dir()
         self.progress = progress or (lambda package, event, report: None)
-        self._slots = asyncio.Semaphore(max(1, opts.jobs))
+        self.sandboxes = SuiteSandboxes(manager, opts.backend, opts.jobs, opts.suite_timeout_s)
 
     async def build(self) -> tuple[list[SweRecord], list[PackageReport]]:
         """All packages at once (their sandbox runs share the ``jobs`` slots); the first package that
@@ -300,25 +299,7 @@ class Builder:
         timeout_s: float,
         fetch: str | None = None,
     ) -> tuple[CommandRun, bytes | None]:
-        """Run ``command`` on the tree ``tar`` at /testbed, with ``files`` (absolute paths) written first;
-        returns the run and the content of ``fetch`` afterwards (None if absent)."""
-        async with self._slots:
-            cfg = sandbox_config(image, backend=self.opts.backend, timeout_s=timeout_s)
-            async with self.manager.sandbox(cfg, owner="swe-build") as sb:
-                await sb.tools.upload_bytes(tar, "/testbed")
-                dirs = sorted({str(Path(p).parent) for p in files if not p.startswith("/testbed/")})
-                if dirs:
-                    await sb.tools.bash("mkdir -p " + " ".join(shlex.quote(d) for d in dirs), timeout=30)
-                for path, data in files.items():
-                    await sb.tools.write_file(path, data)
-                run = await run_command(sb, command, timeout_s=timeout_s)
-                extra = None
-                if fetch is not None:
-                    try:
-                        extra = await sb.tools.read_file(fetch)
-                    except RaasError:
-                        extra = None
-                return run, extra
+        return await self.sandboxes.run(image, tar, files, command, timeout_s, fetch)
 
     async def _coverage(
         self, spec: PackageSpec, env: Path, tar: bytes, sources: list[str], suite: str, timeout_s: float
@@ -450,27 +431,7 @@ class Builder:
         return record
 
     async def _verify(self, record: SweRecord) -> bool:
-        """At base_commit the FAIL_TO_PASS tests fail and the PASS_TO_PASS ones pass; with the gold patch
-        the instance is resolved; the repository is one clean commit."""
-        data: dict[str, Any] = record.model_dump()
-        cfg = sandbox_config(record.image, backend=self.opts.backend, timeout_s=self.opts.suite_timeout_s)
-        async with self._slots:
-            async with self.manager.sandbox(cfg, owner="swe-verify") as sb:
-                state = await sb.tools.bash(
-                    "cd /testbed && git status --porcelain && git rev-parse HEAD && git rev-list --all --count",
-                    timeout=60,
-                )
-                if state.exit_code != 0 or state.output.split() != [record.base_commit, "1"]:
-                    return False
-                before = await evaluate(sb, data, "", timeout_s=self.opts.suite_timeout_s)
-            g = before.grade
-            if g is None or not g.log_valid or g.resolved:
-                return False
-            if g.tests_status["FAIL_TO_PASS"]["success"] or g.tests_status["PASS_TO_PASS"]["failure"]:
-                return False
-            async with self.manager.sandbox(cfg, owner="swe-verify") as sb:
-                gold = await evaluate(sb, data, record.patch, timeout_s=self.opts.suite_timeout_s)
-        return gold.resolved
+        return await self.sandboxes.verify(record)
 
 
 async def build(

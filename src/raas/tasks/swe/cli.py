@@ -16,6 +16,7 @@ from rich.table import Table
 from raas.errors import RaasError
 
 from .build import BuildOptions, PackageReport, build
+from .mini.build import MiniReport
 from .mutate import MUTATORS
 from .packages import DEFAULT_PACKAGES, PACKAGES
 from .records import write_jsonl
@@ -119,3 +120,58 @@ def build_cmd(
     console.print(f"{n} instances in {out} ({time.monotonic() - t0:.1f} s)")
     if report is not None:
         report.write_text(json.dumps([r.__dict__ for r in reports], indent=1))
+
+
+@app.command("mini")
+def mini_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for train.jsonl and test.jsonl")] = Path(
+        "swe-mini"
+    ),
+    levels: Annotated[
+        list[str] | None,
+        typer.Option("--levels", help="Comma-separated or repeated: function, module, report"),
+    ] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Sandbox test runs at once")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed of the candidate order")] = 0,
+    backend: Annotated[str, typer.Option(help="Sandbox backend for the test runs")] = "bwrap",
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Rebuild even if a cached result exists")
+    ] = False,
+) -> None:
+    """Build the swe-mini bug-fix curriculum (the corpus's small modules, single-site bugs, validated
+    SWE-bench-format records with one image each) and write its train and held-out splits. What
+    ``builtin:swe-mini:train`` / ``:test`` load (they build it on first use). Building needs root."""
+    from .mini.build import LEVELS, MiniOptions, build_mini, split_records
+
+    console = Console(stderr=True)
+    chosen = tuple(_split(levels, LEVELS))
+    opts = MiniOptions(levels=chosen, jobs=jobs, seed=seed, backend=backend, use_cache=not no_cache)  # type: ignore[arg-type]
+    progress = Progress(
+        TextColumn("swe-mini"), TextColumn("{task.fields[stage]}"), TimeElapsedColumn(), console=console
+    )
+    task = progress.add_task("", stage="starting")
+
+    def on_event(rep: MiniReport) -> None:
+        rejected = sum(rep.rejected.values())
+        progress.update(task, stage=f"{rep.accepted} kept, {rejected} rejected of {rep.tried} bugs tried")
+
+    t0 = time.monotonic()
+    try:
+        with progress:
+            records, rep = asyncio.run(build_mini(opts, on_event))
+    except RaasError as e:
+        console.print(f"[red]error[/red] ({e.kind}): {e.message}")
+        raise typer.Exit(2 if e.kind == "bad_request" else 1) from None
+    out.mkdir(parents=True, exist_ok=True)
+    table = Table("split", *chosen, "all")
+    for split in ("train", "test"):
+        rows = split_records(records, split, chosen)
+        (out / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        counts = [sum(1 for r in rows if r["level"] == lv) for lv in chosen]
+        table.add_row(split, *map(str, counts), str(len(rows)))
+    console.print(table)
+    rejected = ", ".join(f"{k} {v}" for k, v in sorted(rep.rejected.items()))
+    console.print(
+        f"{len(records)} instances in {out}/ ({'cached' if rep.cached else f'{time.monotonic() - t0:.0f} s'}; "
+        f"rejected: {rejected or 'none'})"
+    )

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from raas.agent.loop import run_agent
 from raas.agent.tools import ToolSet
 from raas.core.policy import StagePolicy, StageShares, StageTimeouts
-from raas.core.trajectory import EvalOutput, RunOutput
+from raas.core.trajectory import EvalOutput, Message, RunOutput
 from raas.errors import RaasError
 from raas.sandbox.base import Sandbox
 from raas.sandbox.config import NamespaceSandboxConfig
@@ -62,7 +62,7 @@ def _import_swebench_in_background() -> None:
 
 
 CONTAINER_BACKENDS = ("bwrap", "apptainer", "singularity", "docker", "podman")
-ALIASES = tuple(sorted(SWE_SOURCES - {"swebench"}))
+ALIASES = tuple(sorted(SWE_SOURCES - {"swebench", "swe-mini"}))
 
 
 class SweHandler(TaskHandler):
@@ -196,6 +196,14 @@ class SweHandler(TaskHandler):
         }
         return env
 
+    def tool_set(self) -> ToolSet:
+        """The agent's tools (a hook: a scaffold of a subclass brings its own)."""
+        return ToolSet(self.settings.tools)
+
+    def examples(self) -> list[Message]:
+        """A scripted exchange shown before the issue (none here; a subclass's scaffold may demonstrate)."""
+        return []
+
     def prompt(self, task: SweTask) -> str:
         return self.settings.prompt_template.format(
             problem_statement=task.problem_statement, workdir=task.workdir, instance_id=task.instance_id
@@ -209,10 +217,11 @@ class SweHandler(TaskHandler):
             job,
             env.sandbox,
             llm,
-            ToolSet(self.settings.tools),
+            self.tool_set(),
             llm.agent,
             system_prompt=llm.agent.system_prompt or self.settings.system_prompt,
             user_prompt=self.prompt(task),
+            examples=self.examples(),
         )
         started = time.monotonic()
         patch = await self.extract_patch(env.sandbox, task, env.data["base"])

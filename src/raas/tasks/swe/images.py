@@ -49,9 +49,11 @@ SWE_SOURCES = frozenset(
         "swegym",
         "r2e",
         "r2e-gym",
+        "swe-mini",
     )
 )
-"""The data sources the SWE handler serves (its name and aliases)."""
+"""The data sources of SWE records: the SWE handler's name and aliases, and ``swe-mini`` (the same records
+with a small policy's scaffold, :mod:`raas.tasks.swe.mini.handler`)."""
 
 
 def image_reference(task: SweTask, template: str = DEFAULT_IMAGE_TEMPLATE) -> str:

@@ -34,7 +34,8 @@ class SweRecord(BaseModel):
     version: str
     environment_setup_commit: str
     created_at: str
-    data_source: Literal["swebench"] = "swebench"
+    data_source: Literal["swebench", "swe-mini"] = "swebench"
+    """``swe-mini``: served with the small-policy scaffold (:mod:`raas.tasks.swe.mini.handler`)."""
     image: str
     workdir: str = "/testbed"
     test_cmd: str

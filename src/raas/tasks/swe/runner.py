@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raas.core.executors import Executor
 from raas.errors import RaasError
@@ -21,6 +21,10 @@ from raas.sandbox.base import Sandbox, backend_class
 from raas.sandbox.config import SandboxConfig, make_config
 
 from . import grading
+from .records import SweRecord
+
+if TYPE_CHECKING:
+    from raas.sandbox import SandboxManager
 
 TEST_LOG = "/tmp/raas-swe-test-output.txt"
 APPLY_TIMEOUT_S = 60.0
@@ -153,3 +157,66 @@ async def evaluate(
     else:
         grade = await asyncio.to_thread(grading.grade, record, run.output, run.exit_code)
     return EvalResult(True, out, method, True, run, grade)
+
+
+class SuiteSandboxes:
+    """The builders' test runs: each in a fresh networkless sandbox from an image, at most ``jobs`` at
+    once, every sandbox closed when its run ends."""
+
+    def __init__(self, manager: SandboxManager, backend: str, jobs: int, suite_timeout_s: float) -> None:
+        self.manager = manager
+        self.backend = backend
+        self.suite_timeout_s = suite_timeout_s
+        self._slots = asyncio.Semaphore(max(1, jobs))
+
+    async def run(
+        self,
+        image: Path,
+        tar: bytes,
+        files: dict[str, bytes],
+        command: str,
+        timeout_s: float,
+        fetch: str | None = None,
+    ) -> tuple[CommandRun, bytes | None]:
+        """Run ``command`` on the tree ``tar`` at /testbed, with ``files`` (absolute paths) written first;
+        returns the run and the content of ``fetch`` afterwards (None if absent)."""
+        async with self._slots:
+            cfg = sandbox_config(image, backend=self.backend, timeout_s=timeout_s)
+            async with self.manager.sandbox(cfg, owner="swe-build") as sb:
+                await sb.tools.upload_bytes(tar, "/testbed")
+                dirs = sorted({str(Path(p).parent) for p in files if not p.startswith("/testbed/")})
+                if dirs:
+                    await sb.tools.bash("mkdir -p " + " ".join(shlex.quote(d) for d in dirs), timeout=30)
+                for path, data in files.items():
+                    await sb.tools.write_file(path, data)
+                run = await run_command(sb, command, timeout_s=timeout_s)
+                extra = None
+                if fetch is not None:
+                    try:
+                        extra = await sb.tools.read_file(fetch)
+                    except RaasError:
+                        extra = None
+                return run, extra
+
+    async def verify(self, record: SweRecord) -> bool:
+        """At base_commit the FAIL_TO_PASS tests fail and the PASS_TO_PASS ones pass; with the gold patch
+        the instance is resolved; the repository is one clean commit."""
+        data: dict[str, Any] = record.model_dump()
+        cfg = sandbox_config(record.image, backend=self.backend, timeout_s=self.suite_timeout_s)
+        async with self._slots:
+            async with self.manager.sandbox(cfg, owner="swe-verify") as sb:
+                state = await sb.tools.bash(
+                    "cd /testbed && git status --porcelain && git rev-parse HEAD && git rev-list --all --count",
+                    timeout=60,
+                )
+                if state.exit_code != 0 or state.output.split() != [record.base_commit, "1"]:
+                    return False
+                before = await evaluate(sb, data, "", timeout_s=self.suite_timeout_s)
+            g = before.grade
+            if g is None or not g.log_valid or g.resolved:
+                return False
+            if g.tests_status["FAIL_TO_PASS"]["success"] or g.tests_status["PASS_TO_PASS"]["failure"]:
+                return False
+            async with self.manager.sandbox(cfg, owner="swe-verify") as sb:
+                gold = await evaluate(sb, data, record.patch, timeout_s=self.suite_timeout_s)
+        return gold.resolved

@@ -176,3 +176,31 @@ def test_columns_that_are_padding_in_every_row_are_trimmed_without_changing_the_
     assert tw.input_ids.shape == tn.input_ids.shape and tw.prompt_len == tn.prompt_len
     with torch.no_grad():
         torch.testing.assert_close(response_logprobs(model, tw), response_logprobs(model, tn))
+
+
+def test_logprobs_of_only_the_trained_tokens_equal_the_full_computation() -> None:
+    model = tiny_llama()
+    tb = TorchBatch.from_batch(make_batch())
+    full = response_logprobs(model, tb)
+    only = tb.loss_mask.bool()
+    picked = response_logprobs(model, tb, only=only)
+    assert torch.allclose(picked[only], full[only], atol=1e-6) and (picked[~only] == 0).all()
+    # The loss and its gradient are the same either way: only sampled tokens enter it.
+    a, _ = dapo_loss(full, tb, LossConfig())
+    b, _ = dapo_loss(picked, tb, LossConfig())
+    assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_activation_checkpointing_changes_neither_the_loss_nor_its_gradient() -> None:
+    from raas.learn.memory import set_checkpointing
+
+    tb = TorchBatch.from_batch(make_batch())
+    grads = []
+    for on in (False, True):
+        model = tiny_llama().train()
+        set_checkpointing(model, on)
+        assert model.is_activation_checkpointing == on
+        loss, _ = dapo_loss(response_logprobs(model, tb, only=tb.loss_mask.bool()), tb, LossConfig())
+        loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)

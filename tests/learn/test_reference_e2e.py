@@ -90,8 +90,10 @@ async def test_a_batch_too_narrow_for_every_row_is_an_error_not_a_silent_no_op(t
 def test_long_rows_get_smaller_micro_batches() -> None:
     from raas.learn.reference import micro_batch_rows
 
-    cfg = TrainConfig(micro_batch_rows=16, micro_batch_cells=1_000_000)
-    assert micro_batch_rows(cfg, 80) == 16  # short addition rows: the row cap
+    cfg = TrainConfig(micro_batch_rows=16, micro_batch_cells=1_000_000, micro_batch_tokens=10_000)
+    assert micro_batch_rows(cfg, 40) == 16  # short rows: the row cap
     assert micro_batch_rows(cfg, 400) == 6  # the attention budget
     assert micro_batch_rows(cfg, 900) == 1  # an agentic trajectory: one row at a time
     assert micro_batch_rows(cfg, 10_000) == 1  # never 0
+    # The activation budget (rows x columns kept for the backward), by default ~600 token positions.
+    assert micro_batch_rows(TrainConfig(), 80) == 7 and micro_batch_rows(TrainConfig(), 700) == 1

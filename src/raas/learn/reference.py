@@ -31,9 +31,8 @@ import copy
 import logging
 import random
 import statistics
-import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,15 +40,20 @@ from typing import Any
 import torch
 
 from raas.errors import RaasError
+from raas.learn.evaluation import evaluate, used_tool
 from raas.learn.llama_sync import LlamaWeightSync
+from raas.learn.local import rollout_service
+from raas.learn.memory import release_memory, rss_mb, set_checkpointing
+from raas.learn.progress import Progress
 from raas.tasks.datasets import load_dataset
 from raas.trainer.dapo import DynamicSampler, StepStats
 from raas.trainer.grpo import Batch, token_segments
 from raas.trainer.hf_weights import TensorType, load_policy
+from raas.trainer.pass_rates import PassRateFilter
 from raas.trainer.policy_loss import LossConfig, TorchBatch, dapo_loss, response_logprobs
-from raas.trainer.rollout import FailurePolicy, RolloutClient
+from raas.trainer.rollout import RolloutClient
 from raas.trainer.train_log import TrainLog, plot_learning_curve
-from raas.trainer.types import Group, JobResult, is_valid, version_number
+from raas.trainer.types import Group, version_number
 
 _log = logging.getLogger("raas.learn")
 
@@ -65,7 +69,13 @@ class TrainConfig:
     target_groups: int = 8
     max_inflight_groups: int = 12
     carry_over: bool = True
+    dynamic_sampling: bool = True
+    """DAPO's filter: train only on groups whose rewards differ. False: every finished group is trained on
+    (plain GRPO; an all-equal group has zero advantage, so it only dilutes the step)."""
     max_staleness: int = 1
+    pass_rate_filter: bool = False
+    """Per-prompt pass-rate tracking in the sampler (:class:`~raas.trainer.pass_rates.PassRateFilter`):
+    defer prompts all solved or all failed in their recent samples, prefer those near 50%."""
     mask_stale_turns: bool = False
     """False: carried-over turns of the previous policy are trained on, corrected by the importance
     ratio against their own rollout log-probs (and clipped); True: their tokens get loss 0."""
@@ -78,12 +88,20 @@ class TrainConfig:
     and layer for the backward (~3 GB a row at 1,000 columns for SmolLM2's 30 layers), so long agentic
     rows go one at a time while short ones batch up to ``micro_batch_rows`` (two lookup runs with a
     linear token budget were OOM-killed at 20-23 GB)."""
+    micro_batch_tokens: int = 600
+    """At most rows x columns token positions per forward/backward with every activation kept for the
+    backward (SmolLM2-135M keeps ~1.5 MB a token over its 30 layers, measured); a single row longer than
+    this runs with activation checkpointing (each layer recomputed in the backward: ~40% more compute, a
+    few hundred MB instead of GBs). With the weights, gradients and AdamW's moments (~2.2 GB in fp32) this
+    keeps the trainer under ~4 GB resident on multi-turn rows."""
     loss: LossConfig = field(default_factory=LossConfig)
     std_normalize: bool = True
     """GRPO's advantage normalization by the group's reward std (False: Dr. GRPO's mean-centring only)."""
     temperature: float = 1.0
     max_tokens: int = 32
     """Tokens per model turn."""
+    max_turns: int | None = None
+    """Model turns per rollout (sent as the jobs' ``max_turns``); None: the task's own limit."""
     max_prompt_len: int = 1024
     max_response_len: int = 256
     """Longer rows are kept with loss 0 (DAPO's overlong masking) and counted in ``overlong``."""
@@ -98,6 +116,8 @@ class TrainConfig:
     server: str | None = None
     """A running raas service to use (its inference servers are replaced by this trainer's, so its
     tokenizer must be the policy's); None: one in this process."""
+    sandbox: str | None = None
+    """The sandbox backend of the service in this process (``bwrap`` for SWE tasks); None: its default."""
     device: str | None = None
     """``cpu``, ``cuda``; None: CUDA when present."""
     torch_threads: int | None = None
@@ -144,75 +164,17 @@ def _forever(items: list[dict[str, Any]], seed: int) -> Iterator[dict[str, Any]]
         yield from order
 
 
-def used_tool(result: JobResult) -> bool:
-    """Whether the policy called a tool in this rollout: an assistant message it sampled (``output_ids``;
-    a prompt's scripted examples have none) that carries a parsed tool call."""
-    return any(m.role == "assistant" and m.tool_calls and m.output_ids for m in result.messages)
-
-
-async def evaluate(
-    url: str, problems: list[dict[str, Any]], samples: int, sampling: dict[str, Any]
-) -> dict[str, Any]:
-    """Held-out pass rate: every problem ``samples`` times with the current policy, mean reward of the
-    valid results (a filtered result is an infrastructure failure: counted, never a 0)."""
-    results: list[JobResult] = []
-    started = time.monotonic()
-    policy = FailurePolicy(resubmit=True, min_group_size=1)
-    async with RolloutClient(url, policy=policy, run_id="eval" + str(int(started))) as client:
-        groups = [client.new_group(p, samples, sampling_params=sampling) for p in problems]
-        await client.submit_groups(groups)
-        for _ in groups:
-            g = await client.next_group()
-            results.extend(g.samples)
-    valid = [r for r in results if is_valid(r)]
-    rewards = [float(r.reward) for r in valid if r.reward is not None]
-    return {
-        "pass_rate": statistics.fmean(rewards) if rewards else None,  # all filtered: no verdict, not a 0
-        "tool_call_fraction": statistics.fmean(used_tool(r) for r in valid) if valid else 0.0,
-        "rollouts": len(valid),
-        "filtered": len(problems) * samples - len(valid),
-        "eval_s": time.monotonic() - started,
-    }
-
-
-@contextlib.asynccontextmanager
-async def rollout_service(cfg: TrainConfig, llm_url: str) -> AsyncIterator[str]:
-    """The raas service the trainer samples from: ``cfg.server`` pointed at this trainer's inference
-    server, or one in this process."""
-    if cfg.server is not None:
-        async with RolloutClient(cfg.server) as c:
-            await c.assign_llm_servers([llm_url], weight_version="0")
-        yield cfg.server
-        return
-    from raas.api.app import served
-    from raas.llm.models import prepare_tokenizer, raas_home
-    from raas.pipeline.config import ServiceConfig
-    from raas.pipeline.service import RolloutService
-
-    if cfg.model:  # the service templates and tokenizes with the policy's own tokenizer
-        source = Path(cfg.model)
-        tokenizer = await asyncio.to_thread(
-            prepare_tokenizer, source, raas_home() / "models" / source.stem / "tokenizer"
-        )
-    else:
-        tokenizer = await asyncio.to_thread(prepare_tokenizer)
-    with tempfile.TemporaryDirectory(prefix="raas-train-") as state:
-        config = ServiceConfig(
-            state_dir=Path(state),
-            llm_servers=[llm_url],
-            tokenizer_dir=tokenizer,
-            run_workers=cfg.slots,
-            max_pending=4096,
-            shutdown_grace_s=0.0,
-            default_timeout_s=900,
-        )
-        async with served(RolloutService(config)) as url:  # what `raas serve` runs, on a free local port
-            yield url
+def sandbox_fields(cfg: TrainConfig) -> dict[str, Any] | None:
+    return {"backend": cfg.sandbox} if cfg.sandbox else None
 
 
 def micro_batch_rows(cfg: TrainConfig, columns: int) -> int:
-    """Rows per forward/backward for a batch ``columns`` wide: the row cap, lowered by the attention budget."""
-    return max(1, min(cfg.micro_batch_rows, cfg.micro_batch_cells // max(columns, 1) ** 2))
+    """Rows per forward/backward for a batch ``columns`` wide: the row cap, lowered by the attention and
+    activation budgets."""
+    width = max(columns, 1)
+    return max(
+        1, min(cfg.micro_batch_rows, cfg.micro_batch_cells // width**2, cfg.micro_batch_tokens // width)
+    )
 
 
 class Trainer:
@@ -244,26 +206,32 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum, stats_acc, diffs, fresh_diffs = 0.0, [], [], []
         rows = micro_batch_rows(cfg, int(tb.input_ids.shape[1]))
+        checkpointed = 0
         for start in range(0, batch.size, rows):
             mb = tb.rows(slice(start, start + rows))
             if mb.loss_mask.sum() == 0:
                 continue
-            logprobs = response_logprobs(self.model, mb, cfg.temperature)
+            checkpoint = mb.tokens > cfg.micro_batch_tokens
+            checkpointed += checkpoint
+            self._checkpointing(checkpoint)
+            sampled = mb.loss_mask.bool()
+            logprobs = response_logprobs(self.model, mb, cfg.temperature, only=sampled)
             ref = None
             if self.ref_model is not None:
                 with torch.no_grad():
-                    ref = response_logprobs(self.ref_model, mb, cfg.temperature)
+                    ref = response_logprobs(self.ref_model, mb, cfg.temperature, only=sampled)
             loss, stats = dapo_loss(logprobs, mb, cfg.loss, ref_logprobs=ref, total_tokens=total)
             loss.backward()
             loss_sum += float(loss.item())
             stats_acc.append((float(mb.loss_mask.sum()), stats))
-            sampled = mb.loss_mask.bool()
             d = (logprobs.detach() - mb.rollout_logprobs).abs()
             diffs.append(d[sampled])
             rows_fresh = torch.tensor(fresh_rows[start : start + rows], device=self.device)
             fresh_diffs.append(d[sampled & rows_fresh.unsqueeze(1)])
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._checkpointing(False)
         self.model.eval()
         weights = sum(w for w, _ in stats_acc) or 1.0
         out: dict[str, Any] = {
@@ -281,8 +249,15 @@ class Trainer:
             logprob_abs_diff_max=float(all_d.max()) if all_d.numel() else None,
             fresh_logprob_abs_diff_mean=float(fresh_d.mean()) if fresh_d.numel() else None,
             fresh_logprob_abs_diff_max=float(fresh_d.max()) if fresh_d.numel() else None,
+            checkpointed_micro_batches=checkpointed,
         )
+        del tb, diffs, fresh_diffs
+        release_memory()
         return out
+
+    def _checkpointing(self, on: bool) -> None:
+        """Activation checkpointing on or off for the next forward/backward (a flag on the model)."""
+        set_checkpointing(self.model, on)
 
 
 def fresh_rows(batch: Batch, groups: list[Group], version: int) -> list[bool]:
@@ -315,15 +290,16 @@ class JudgedGroups:
     staleness); its rewards belong to the step that first saw it, so the training curve's reward and pass
     rate count every sampled group exactly once."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, accept_all: bool = False) -> None:
         self.groups: list[Group] = []
         self._seen: set[str] = set()
+        self.accept_all = accept_all
 
     def accept(self, group: Group) -> bool:
         if group.group_id not in self._seen:
             self._seen.add(group.group_id)
             self.groups.append(group)
-        return group.informative
+        return self.accept_all or group.informative
 
     def clear(self) -> None:
         """Start the next step's list; the groups already seen stay seen."""
@@ -345,6 +321,7 @@ def step_record(stats: StepStats, judged: list[Group], batch: Batch) -> dict[str
         "uninformative_groups": stats.uninformative_groups,
         "stale_dropped_groups": stats.stale_dropped_groups,
         "failed_groups": stats.failed_groups,
+        "skipped_prompts": stats.skipped_prompts,
         "carried_in_groups": stats.carried_in_groups,
         "carried_over_groups": stats.carried_over_groups,
         "rollouts_wasted": stats.rollouts_wasted,
@@ -369,10 +346,12 @@ async def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | No
     await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
     trainer = await asyncio.to_thread(Trainer, cfg)
     # raas's defaults for top_k, top_p and min_p are "off": the full distribution, as the loss assumes.
-    sampling = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
+    sampling: dict[str, Any] = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
+    if cfg.max_turns is not None:
+        sampling["max_turns"] = cfg.max_turns
     started = time.monotonic()
     evals: list[dict[str, Any]] = []
-    judged = JudgedGroups()
+    judged = JudgedGroups(accept_all=not cfg.dynamic_sampling)
     log = TrainLog(out_dir / "train.jsonl")
     steps_done = 0
     finished = False
@@ -393,12 +372,21 @@ async def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | No
                     tensor_type=cfg.tensor_type,
                 )
                 llm_url = (await stack.enter_async_context(sync)).url
-                url = await stack.enter_async_context(rollout_service(cfg, llm_url))
+                url = await stack.enter_async_context(
+                    rollout_service(
+                        llm_url,
+                        server=cfg.server,
+                        model=cfg.model,
+                        run_workers=cfg.slots,
+                        sandbox=sandbox_fields(cfg),
+                    )
+                )
                 client = await stack.enter_async_context(RolloutClient(url, run_id="train"))
                 await client.set_weight_version("0")
-                progress = stack.enter_context(_Progress(cfg.steps, cfg.progress))
+                progress = stack.enter_context(Progress(cfg.steps, cfg.progress))
 
                 async def run_eval(step: int) -> None:
+                    progress.phase(f"evaluating on {len(eval_set)} held-out problems x {cfg.eval_samples}")
                     result = await evaluate(url, eval_set, cfg.eval_samples, sampling)
                     result.update(kind="eval", step=step, wall_s=time.monotonic() - started)
                     evals.append(result)
@@ -419,6 +407,9 @@ async def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | No
                     sampling_params=sampling,
                     mask_stale_turns=cfg.mask_stale_turns,
                     accept=judged.accept,
+                    pass_rates=PassRateFilter(min_samples=cfg.group_size, window=max(16, cfg.group_size))
+                    if cfg.pass_rate_filter
+                    else None,
                 )
                 stack.push_async_callback(sampler.close)
 
@@ -435,6 +426,7 @@ async def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | No
                 for step in range(cfg.steps):
                     step_started = time.monotonic()
                     judged.clear()
+                    progress.phase("waiting for rollouts")
                     groups, stats = await sampler.next_step()
                     batch = sampler.assemble(
                         groups,
@@ -453,8 +445,10 @@ async def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | No
                     rec.update(step_record(stats, judged.groups, batch))
                     train_started = time.monotonic()
                     fresh = fresh_rows(batch, groups, sampler.policy_version)
+                    progress.phase(f"training on {batch.size} rows")
                     rec.update(await asyncio.to_thread(trainer.update, batch, fresh))
                     train_s = time.monotonic() - train_started
+                    progress.phase("syncing weights")
                     write_s = await sync.write()  # rollouts (carry-over) keep running meanwhile
                     sync_started = time.monotonic()
                     restart_s = 0.0
@@ -479,6 +473,7 @@ async def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | No
                         rollout_tokens_per_s=rec["rollout_tokens"] / step_s if step_s else 0.0,
                         wall_s=time.monotonic() - started,
                     )
+                    rec["rss_mb"], rec["rss_peak_mb"] = rss_mb()
                     record(rec)
                     steps_done = step + 1
                     progress.advance(rec)
@@ -514,46 +509,3 @@ def _config_json(cfg: TrainConfig) -> str:
     import json
 
     return json.dumps(asdict(cfg), indent=1, sort_keys=True)
-
-
-class _Progress:
-    """A rich progress bar over steps (silent when ``enabled`` is False)."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total = total
-        self.enabled = enabled
-        self._bar: Any = None
-        self._task: Any = None
-        self._note = ""
-
-    def __enter__(self) -> _Progress:
-        if self.enabled:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._bar = Progress(
-                TextColumn("step {task.completed}/{task.total}"),
-                BarColumn(),
-                TimeElapsedColumn(),
-                TextColumn("{task.description}"),
-            )
-            self._bar.start()
-            self._task = self._bar.add_task("", total=self.total)
-        return self
-
-    def note(self, text: str) -> None:
-        self._note = text
-        if self._bar is not None:
-            self._bar.update(self._task, description=text)
-
-    def advance(self, rec: dict[str, Any]) -> None:
-        if self._bar is None:
-            return
-        reward = rec.get("reward_mean")
-        desc = (
-            f"reward {reward:.2f} | " if reward is not None else ""
-        ) + f"wait {rec['wait_s']:.0f}s train {rec['train_s']:.0f}s sync {rec['sync_s']:.1f}s | {self._note}"
-        self._bar.update(self._task, advance=1, description=desc)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()

@@ -65,22 +65,39 @@ class TorchBatch:
         )
 
     def rows(self, index: slice) -> TorchBatch:
+        """Rows ``index``, without the columns that are padding in all of them (a micro-batch of short
+        rows does not pay for the batch's longest)."""
+        ids, mask = self.input_ids[index], self.attention_mask[index]
+        P = self.prompt_len
+        real = mask.any(dim=0)
+        first = min(int(real[:P].nonzero().min()) if real[:P].any() else P - 1, P - 1)
+        r_used = int(real[P:].nonzero().max()) + 1 if real[P:].any() else 1
+        cols, rcols = slice(first, P + r_used), slice(0, r_used)
         return TorchBatch(
-            self.input_ids[index],
-            self.attention_mask[index],
-            self.position_ids[index],
-            self.loss_mask[index],
-            self.rollout_logprobs[index],
-            self.advantages[index],
-            self.prompt_len,
+            ids[:, cols],
+            mask[:, cols],
+            self.position_ids[index][:, cols],
+            self.loss_mask[index][:, rcols],
+            self.rollout_logprobs[index][:, rcols],
+            self.advantages[index][:, rcols],
+            P - first,
         )
 
+    @property
+    def tokens(self) -> int:
+        """Token positions a forward pass over this batch computes (rows x columns)."""
+        return int(self.input_ids.shape[0] * self.input_ids.shape[1])
 
-def response_logprobs(model: Any, batch: TorchBatch, temperature: float = 1.0) -> torch.Tensor:
+
+def response_logprobs(
+    model: Any, batch: TorchBatch, temperature: float = 1.0, *, only: torch.Tensor | None = None
+) -> torch.Tensor:
     """``[B, R]`` log-probability of each response token under ``model`` (at the sampling temperature).
 
-    Only the positions that predict response tokens go through the LM head: on short answers after a long
-    prompt that is most of the forward's cost."""
+    Only the positions that predict response tokens go through the LM head, and with ``only`` (a ``[B, R]``
+    bool mask, e.g. the loss mask) only those: a multi-turn row's tool observations are most of its
+    response, and the head's ``[tokens, vocab]`` logits are most of a forward pass's memory. Positions left
+    out are 0."""
     P = batch.prompt_len
     out = model.model(
         input_ids=batch.input_ids,
@@ -89,10 +106,18 @@ def response_logprobs(model: Any, batch: TorchBatch, temperature: float = 1.0) -
         use_cache=False,
     )
     hidden = out.last_hidden_state[:, P - 1 : -1, :]  # position t predicts token t+1
+    targets = batch.input_ids[:, P:]
+    if only is not None:
+        picked = only.bool()
+        logits = model.lm_head(hidden[picked]).float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        chosen = torch.log_softmax(logits, dim=-1).gather(-1, targets[picked].unsqueeze(-1)).squeeze(-1)
+        full = torch.zeros(targets.shape, dtype=chosen.dtype, device=chosen.device)
+        return full.masked_scatter(picked, chosen)
     logits = model.lm_head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
-    targets = batch.input_ids[:, P:]
     logp = torch.log_softmax(logits, dim=-1)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 

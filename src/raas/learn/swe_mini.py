@@ -1,0 +1,221 @@
+"""``raas train --recipe swe-mini``: a policy learns to fix bugs through raas's SWE path, in one command.
+
+1. **Curriculum.** ``builtin:swe-mini`` (:mod:`raas.tasks.swe.mini.build`): SWE-bench-format records built
+   and validated once (cached), train and held-out splits that share no module. Training uses the rungs in
+   ``levels``; the held-out set is a fixed prefix of the test split at ``eval_levels``.
+2. **Base.** The starting policy's held-out resolved rate (every instance ``eval_samples`` times).
+3. **Warm start** (rejection-sampling fine-tuning): a scripted teacher acts out the gold fix of every
+   training instance through the same tools (:mod:`raas.learn.warmstart`); EVAL keeps the resolved
+   trajectories; the policy is fine-tuned on their exact tokens, observations masked (:mod:`raas.learn.sft`).
+4. **RL.** ``raas train`` (GRPO + DAPO with carry-over and per-prompt pass-rate tracking) from the
+   warm-started weights, for ``rl_minutes``; its step-0 evaluation is the warm start's held-out rate.
+
+Everything goes through a raas service in this process with real sandboxes (``bwrap``): INIT copies the
+repository, RUN's tools act in it, EVAL grades the patch with the hidden tests in a fresh sandbox.
+``OUT/recipe.json`` gets the three held-out rates and what each phase cost; ``OUT/rl/`` holds
+``train.jsonl`` and ``learning_curve.png``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raas.errors import RaasError
+from raas.learn.evaluation import evaluate
+from raas.learn.local import local_service, policy_tokenizer
+from raas.learn.progress import print_table
+from raas.learn.reference import TrainConfig, train
+from raas.learn.sft import SftConfig, read_results, sft
+from raas.learn.warmstart import teacher_trajectories
+from raas.tasks.swe.mini.build import MiniOptions, split_records
+from raas.tasks.swe.mini.dataset import build_default
+from raas.tasks.swe.mini.handler import AGENT_DEFAULTS
+
+
+@dataclass
+class SweMiniConfig:
+    out_dir: str = "train-swe-mini"
+    build: MiniOptions = field(default_factory=MiniOptions)
+    """How the curriculum is built (its levels, modules, ...): the default is ``builtin:swe-mini``."""
+    levels: tuple[str, ...] = ("function", "module")
+    """The rungs trained on."""
+    eval_levels: tuple[str, ...] = ("function", "module")
+    eval_instances: int = 24
+    eval_samples: int = 4
+    train_instances: int | None = None
+    """At most this many training instances (None: all of the split at ``levels``)."""
+    base_eval: bool = True
+    warm_start: bool = True
+    sft_epochs: int = 2
+    sft_lr: float = 2e-5
+    rl_minutes: float = 120.0
+    rl_steps: int = 1000
+    eval_every: int = 5
+    group_size: int = 8
+    target_groups: int = 4
+    max_inflight_groups: int = 8
+    lr: float = 1e-5
+    temperature: float = 1.0
+    pass_rate_filter: bool = True
+    dynamic_sampling: bool = True
+    max_tokens_per_turn: int = AGENT_DEFAULTS["max_tokens_per_turn"]
+    max_turns: int = AGENT_DEFAULTS["max_turns"]
+    max_prompt_len: int = 1024
+    max_response_len: int = 1536
+    model: str | None = None
+    """The starting GGUF; None: the embedded SmolLM2-135M-Instruct."""
+    sandbox: str = "bwrap"
+    slots: int = 8
+    seed: int = 0
+    progress: bool = True
+
+
+def _stage(cfg: SweMiniConfig, text: str) -> None:
+    if cfg.progress:
+        import sys
+
+        sys.stderr.write(f"[raas train swe-mini] {text}\n")
+        sys.stderr.flush()
+
+
+async def _held_out(cfg: SweMiniConfig, gguf: str | None, test: list[dict[str, Any]]) -> dict[str, Any]:
+    """The held-out resolved rate of the policy in ``gguf`` (None: the embedded model), served by a
+    llama.cpp server of its own."""
+    from raas.llm.embedded import EmbeddedServer
+    from raas.llm.models import default_gguf_path
+
+    tokenizer = await policy_tokenizer(gguf)
+    server = EmbeddedServer(
+        Path(gguf) if gguf else default_gguf_path(),
+        parallel=cfg.slots,
+        ctx_per_slot=AGENT_DEFAULTS["context_budget"],
+    )
+    sampling = {
+        "temperature": cfg.temperature,
+        "max_tokens": cfg.max_tokens_per_turn,
+        "max_turns": cfg.max_turns,
+    }
+    async with server:
+        async with local_service(
+            [server.url], tokenizer, run_workers=cfg.slots, sandbox={"backend": cfg.sandbox}
+        ) as url:
+            return await evaluate(url, test, cfg.eval_samples, sampling)
+
+
+async def run_recipe(cfg: SweMiniConfig) -> dict[str, Any]:
+    """Run the recipe (see the module docstring); returns what ``OUT/recipe.json`` holds."""
+    started = time.monotonic()
+    out = Path(cfg.out_dir)
+    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
+    summary: dict[str, Any] = {"config": asdict(cfg), "phases": {}}
+
+    def save() -> None:
+        (out / "recipe.json").write_text(json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8")
+
+    _stage(cfg, "building the curriculum (cached after the first build)")
+    t0 = time.monotonic()
+    records = await asyncio.to_thread(build_default, cfg.build)
+    train_rows = split_records(records, "train", cfg.levels)
+    if cfg.train_instances is not None:
+        train_rows = train_rows[: cfg.train_instances]
+    test_rows = split_records(records, "test", cfg.eval_levels)[: cfg.eval_instances]
+    if not train_rows or not test_rows:
+        raise RaasError("the curriculum has no instance at these levels", kind="bad_request")
+    data = out / "data"
+    await asyncio.to_thread(data.mkdir, exist_ok=True)
+    for name, rows in (("train", train_rows), ("test", test_rows)):
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        await asyncio.to_thread((data / f"{name}.jsonl").write_text, text, "utf-8")
+    summary["phases"]["curriculum"] = {
+        "train_instances": len(train_rows),
+        "test_instances": len(test_rows),
+        "records": len(records),
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+    _stage(cfg, f"{len(train_rows)} training and {len(test_rows)} held-out instances")
+    save()
+
+    if cfg.base_eval:
+        _stage(cfg, f"held-out rate of the starting policy ({len(test_rows)} x {cfg.eval_samples} rollouts)")
+        base = await _held_out(cfg, cfg.model, test_rows)
+        summary["phases"]["base"] = base
+        _stage(cfg, f"base held-out resolved rate: {base['pass_rate']}")
+        save()
+
+    start_model = cfg.model
+    if cfg.warm_start:
+        _stage(cfg, f"warm start: the teacher acts out {len(train_rows)} gold fixes through raas")
+        tokenizer = await policy_tokenizer(cfg.model)
+        stats = await teacher_trajectories(
+            train_rows, tokenizer, out / "warmstart.jsonl", sandbox=cfg.sandbox, workers=cfg.slots
+        )
+        _stage(cfg, f"warm start: {stats.resolved} of {stats.results} resolved by EVAL; fine-tuning")
+        results = await asyncio.to_thread(read_results, out / "warmstart.jsonl")
+        sft_cfg = SftConfig(epochs=cfg.sft_epochs, lr=cfg.sft_lr, model=cfg.model, seed=cfg.seed)
+        tuned = await asyncio.to_thread(sft, results, sft_cfg, out / "sft")
+        summary["phases"]["warm_start"] = {"teacher": asdict(stats), "sft": asdict(tuned)}
+        start_model = tuned.gguf
+        save()
+
+    _stage(cfg, f"RL for up to {cfg.rl_minutes:g} minutes")
+    rl_cfg = TrainConfig(
+        train_data=str(data / "train.jsonl"),
+        eval_data=str(data / "test.jsonl"),
+        steps=cfg.rl_steps,
+        group_size=cfg.group_size,
+        target_groups=cfg.target_groups,
+        max_inflight_groups=cfg.max_inflight_groups,
+        lr=cfg.lr,
+        temperature=cfg.temperature,
+        max_tokens=cfg.max_tokens_per_turn,
+        max_turns=cfg.max_turns,
+        max_prompt_len=cfg.max_prompt_len,
+        max_response_len=cfg.max_response_len,
+        eval_every=cfg.eval_every,
+        eval_samples=cfg.eval_samples,
+        model=start_model,
+        slots=cfg.slots,
+        context_per_slot=AGENT_DEFAULTS["context_budget"],
+        sandbox=cfg.sandbox,
+        pass_rate_filter=cfg.pass_rate_filter,
+        dynamic_sampling=cfg.dynamic_sampling,
+        max_wall_s=cfg.rl_minutes * 60,
+        seed=cfg.seed,
+        out_dir=str(out / "rl"),
+        progress=cfg.progress,
+    )
+    rl = await train(rl_cfg)
+    evals = [e for e in rl.evals if e.get("pass_rate") is not None]
+    summary["phases"]["rl"] = {
+        "steps": rl.steps,
+        "wall_s": round(rl.wall_s, 1),
+        "evals": rl.evals,
+        "log": rl.log_path,
+        "plot": rl.plot_path,
+    }
+    summary["held_out"] = {
+        "base": summary["phases"].get("base", {}).get("pass_rate"),
+        "warm_start": evals[0]["pass_rate"] if evals and cfg.warm_start else None,
+        "rl_start": evals[0]["pass_rate"] if evals else None,
+        "rl_final": evals[-1]["pass_rate"] if evals else None,
+        "rl_best": max(e["pass_rate"] for e in evals) if evals else None,
+    }
+    summary["wall_s"] = round(time.monotonic() - started, 1)
+    save()
+    if cfg.progress:
+        h = summary["held_out"]
+        print_table(
+            "swe-mini: held-out resolved rate (unseen modules, graded by EVAL)",
+            ["policy", "resolved rate", "rollouts"],
+            [
+                ["base", h["base"], summary["phases"].get("base", {}).get("rollouts")],
+                ["after warm start", h["warm_start"], evals[0]["rollouts"] if evals else None],
+                [f"after RL ({rl.steps} steps)", h["rl_final"], evals[-1]["rollouts"] if evals else None],
+            ],
+        )
+    return summary

@@ -50,6 +50,7 @@ import httpx
 from raas.core.trajectory import EvalOutput, RunOutput, TokenTrajectory, Turn
 from raas.llm import SamplingParams
 from raas.tasks.base import Env, Job, JobSandboxes, LLMContext, TaskHandler
+from raas.trainer.types import version_number
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,6 +110,20 @@ class DapoBenchTask(TaskHandler):
         return EvalOutput(reward=env.data["reward"])
 
 
+class LearningDapoTask(DapoBenchTask):
+    """:class:`DapoBenchTask` whose pass rate rises with the weight version that sampled the rollout."""
+
+    name: ClassVar[str] = "bench.dapo.learning"
+
+    async def eval(self, job: Job, env: Env) -> EvalOutput:
+        inst = job.instance
+        run = env.run_output
+        versions = [version_number(t.weight_version) or 0 for t in (run.turns if run else [])]
+        p = min(1.0, float(inst["p"]) + float(inst["drift"]) * (max(versions) if versions else 0))
+        rng = random.Random(f"reward:{inst['instance_id']}:{job.trajectory_id}:{max(versions, default=0)}")
+        return EvalOutput(reward=float(rng.random() < p))
+
+
 def prompts(p: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """The same endless prompt stream for every variant."""
     for k in itertools.count():
@@ -136,8 +151,8 @@ def free_port() -> int:
 class Processes:
     """The policy double and one raas service, each a process of its own (own GIL, own event loop)."""
 
-    def __init__(self, p: dict[str, Any], state: Path) -> None:
-        self.p, self.state = p, state
+    def __init__(self, p: dict[str, Any], state: Path, handler: type[TaskHandler] = DapoBenchTask) -> None:
+        self.p, self.state, self.handler = p, state, handler
         self.procs: list[asyncio.subprocess.Process] = []
         self.llm_url = ""
         self.url = ""
@@ -163,7 +178,7 @@ class Processes:
             sys.executable, "-m", "raas.api", "--port", str(port), "--state-dir", str(self.state),
             "--llm", self.llm_url, "--init-workers", "64", "--run-workers", "512", "--eval-workers", "64",
             "--max-pending", "8192", "--shutdown-grace", "0", "--log-level", "warning",
-            "--handler", f"{DapoBenchTask.name}=bench.dapo:DapoBenchTask", cwd=REPO, env=env,
+            "--handler", f"{self.handler.name}=bench.dapo:{self.handler.__name__}", cwd=REPO, env=env,
         )  # fmt: skip
         self.procs.append(svc)
         for _ in range(600):

@@ -36,7 +36,7 @@ async def test_the_recipe_in_miniature(tmp_path: Path) -> None:
         build=MiniOptions(levels=("function",), modules=("ranges", "fizzbuzz")),
         levels=("function",),
         eval_levels=("function",),
-        eval_instances=2,
+        eval_instances=1,
         eval_samples=1,
         train_instances=3,
         sft_epochs=1,
@@ -58,11 +58,11 @@ async def test_the_recipe_in_miniature(tmp_path: Path) -> None:
 def check_outputs(cfg: SweMiniConfig, summary: dict[str, Any]) -> None:
     out = Path(cfg.out_dir)
     phases = summary["phases"]
-    assert phases["curriculum"]["train_instances"] == 3 and phases["curriculum"]["test_instances"] == 2
+    assert phases["curriculum"]["train_instances"] == 3 and phases["curriculum"]["test_instances"] == 1
     train = [json.loads(line) for line in (out / "data/train.jsonl").read_text().splitlines()]
     test = [json.loads(line) for line in (out / "data/test.jsonl").read_text().splitlines()]
     assert {r["module"] for r in train} == {"ranges"} and {r["module"] for r in test} == {"fizzbuzz"}
-    assert phases["base"]["rollouts"] == 2 and phases["base"]["filtered"] == 0
+    assert phases["base"]["rollouts"] == 1 and phases["base"]["filtered"] == 0
     teacher = phases["warm_start"]["teacher"]
     assert teacher["scripted"] == 3 and teacher["resolved"] == 3 and teacher["filtered"] == 0
     results = read_results(out / "warmstart.jsonl")

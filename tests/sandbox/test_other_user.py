@@ -21,7 +21,7 @@ def test_a_shim_first_on_roots_path_is_not_what_the_other_user_runs(
     # A pyenv-style shim in a directory only root may enter, first on root's PATH.
     shims = tmp_path / "shims"
     shims.mkdir(mode=0o700)
-    (shims / "python3").write_text("#!/usr/bin/env bash\nexec /usr/bin/env -i python3 \"$@\"\n")
+    (shims / "python3").write_text('#!/usr/bin/env bash\nexec /usr/bin/env -i python3 "$@"\n')
     (shims / "python3").chmod(0o755)
     monkeypatch.setenv("PATH", f"{shims}:{os.environ['PATH']}")
     system_command.cache_clear()

@@ -42,8 +42,11 @@ TOOL_LINES: dict[str, str] = {
 """How a scaffold prompt describes each tool (one line each)."""
 
 
-def describe_tools(names: list[str]) -> str:
-    """The tool list a scaffold prompt shows, one line per tool, in ``names`` order."""
+def describe_tools(names: list[str], *, detailed: bool = True) -> str:
+    """The tool list a scaffold prompt shows, in ``names`` order: one line per tool, or (``detailed``
+    False) only their signatures on one line, e.g. ``view(path), submit()``."""
+    if not detailed:
+        return ", ".join(TOOL_LINES[n].split(":", 1)[0] for n in names)
     return "\n".join(f"- {TOOL_LINES[n]}" for n in names)
 
 

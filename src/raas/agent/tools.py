@@ -79,9 +79,7 @@ def truncate(text: str, cap_bytes: int) -> str:
     return f"{head}\n[... {cut} bytes truncated ...]\n{tail}"
 
 
-def validate_arguments(
-    name: str, arguments: Mapping[str, Any], tool: PolicyTool | None = None
-) -> str | None:
+def validate_arguments(name: str, arguments: Mapping[str, Any], tool: PolicyTool | None = None) -> str | None:
     """A message naming what is wrong with ``arguments`` for tool ``name`` (``tool``: its declaration, when
     it is not one of :func:`policy_tools`), or None when they fit its schema."""
     args = {a.name: a for a in ops.policy_args(tool or policy_tools()[name])}
@@ -228,7 +226,9 @@ class ToolSet:
     ) -> Observation:
         try:
             if name in self._host:
-                return await self._host[name].run(sandbox, arguments, timeout_s=timeout_s, cap_bytes=cap_bytes)
+                return await self._host[name].run(
+                    sandbox, arguments, timeout_s=timeout_s, cap_bytes=cap_bytes
+                )
             tool, op, args = sandbox_call(self._tools[name], arguments, timeout_s)
             result, _ = await sandbox.tools.call(tool, op, args)
             text = _FORMATTERS[(tool, op)](result)

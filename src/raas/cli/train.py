@@ -40,6 +40,12 @@ def train(
     carry_over: Annotated[
         bool, typer.Option(help="Keep unfinished groups running through the update (asynchronous).")
     ] = True,
+    dynamic_sampling: Annotated[
+        bool, typer.Option(help="Train only on groups whose rewards differ (DAPO); off: every group.")
+    ] = True,
+    trainable_layers: Annotated[
+        int | None, typer.Option(help="Train only the top N decoder layers (default: all).")
+    ] = None,
     max_staleness: Annotated[int, typer.Option(help="Most weight versions a trained sample may lag.")] = 1,
     mask_stale_turns: Annotated[bool, typer.Option(help="Loss 0 on turns of an older policy.")] = False,
     pass_rate_filter: Annotated[
@@ -82,7 +88,7 @@ def train(
         bool, typer.Option(help="Show progress (a bar on a terminal, lines in a file).")
     ] = True,
     recipe: Annotated[
-        str | None, typer.Option(help=f"Run a whole recipe: {', '.join(RECIPES)} (see the module help).")
+        str | None, typer.Option(help=f"Run a whole recipe: {', '.join(RECIPES)} (docs: Trainers).")
     ] = None,
     sft: Annotated[
         Path | None, typer.Option(help="Fine-tune on the resolved trajectories of this results file instead.")
@@ -108,7 +114,13 @@ def train(
         typer.echo(f"raas train: {exc.kind}: {exc}", err=True)
         raise typer.Exit(2 if exc.kind == "bad_request" else 1) from exc
     except KeyboardInterrupt:
-        typer.echo("raas train: stopped", err=True)
+        where = Path(out or ("train-swe-mini" if recipe else "sft-out"))
+        done = where / ("recipe.json" if recipe else "sft.jsonl")
+        typer.echo(
+            "raas train: stopped (rollouts, sandboxes and model servers shut down)"
+            + (f"; what was done so far is in {done}" if done.exists() else ""),
+            err=True,
+        )
         raise typer.Exit(130) from None
     _rl(**{k: v for k, v in locals().items() if k not in ("recipe", "sft", "sft_epochs", "RaasError")})
 
@@ -167,6 +179,8 @@ def _rl(
     target_groups: int,
     max_inflight_groups: int,
     carry_over: bool,
+    dynamic_sampling: bool,
+    trainable_layers: int | None,
     max_staleness: int,
     mask_stale_turns: bool,
     pass_rate_filter: bool,
@@ -207,6 +221,8 @@ def _rl(
         target_groups=target_groups,
         max_inflight_groups=max_inflight_groups,
         carry_over=carry_over,
+        dynamic_sampling=dynamic_sampling,
+        trainable_layers=trainable_layers,
         max_staleness=max_staleness,
         mask_stale_turns=mask_stale_turns,
         pass_rate_filter=pass_rate_filter,

@@ -58,3 +58,34 @@ def set_checkpointing(model: Any, on: bool) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     elif not on and model.is_activation_checkpointing:
         model.activation_checkpointing_disable()
+
+
+def set_trainable_layers(model: Any, layers: int | None) -> int:
+    """Train only the top ``layers`` decoder layers and the final norm (None: every parameter); returns
+    the number of trainable parameters.
+
+    Why: on 2 CPU cores a multi-turn row of ~800 tokens costs ~4.7 s forward and backward with every
+    layer trained, ~2.6 s with the top 20 of SmolLM2's 30 (measured), and the frozen layers keep no
+    activations and no optimizer state. The embedding (tied to the LM head) is frozen with them, as the
+    layers below read it."""
+    for p in model.parameters():
+        p.requires_grad_(layers is None)
+    if layers is not None:
+        blocks = list(model.model.layers)
+        if not 1 <= layers <= len(blocks):
+            from raas.errors import RaasError
+
+            raise RaasError(f"trainable_layers must be in 1..{len(blocks)}, got {layers}", kind="bad_request")
+        for block in blocks[len(blocks) - layers :]:
+            for p in block.parameters():
+                p.requires_grad_(True)
+        for p in model.model.norm.parameters():
+            p.requires_grad_(True)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def activation_budget(model: Any, tokens: int, layers: int | None) -> int:
+    """Token positions a micro-batch may keep activations for: ``tokens`` when every layer trains, more
+    in proportion when only the top ``layers`` do (the frozen ones keep none)."""
+    total = len(model.model.layers)
+    return tokens * total // (layers or total)

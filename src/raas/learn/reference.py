@@ -43,7 +43,13 @@ from raas.errors import RaasError
 from raas.learn.evaluation import evaluate, used_tool
 from raas.learn.llama_sync import LlamaWeightSync
 from raas.learn.local import rollout_service
-from raas.learn.memory import release_memory, rss_mb, set_checkpointing
+from raas.learn.memory import (
+    activation_budget,
+    release_memory,
+    rss_mb,
+    set_checkpointing,
+    set_trainable_layers,
+)
 from raas.learn.progress import Progress
 from raas.tasks.datasets import load_dataset
 from raas.trainer.dapo import DynamicSampler, StepStats
@@ -88,6 +94,10 @@ class TrainConfig:
     and layer for the backward (~3 GB a row at 1,000 columns for SmolLM2's 30 layers), so long agentic
     rows go one at a time while short ones batch up to ``micro_batch_rows`` (two lookup runs with a
     linear token budget were OOM-killed at 20-23 GB)."""
+    trainable_layers: int | None = None
+    """Train only the top N decoder layers and the final norm (the embedding and LM head frozen); None:
+    every parameter. Cuts compute, activation memory and optimizer state (see
+    :func:`~raas.learn.memory.set_trainable_layers`)."""
     micro_batch_tokens: int = 600
     """At most rows x columns token positions per forward/backward with every activation kept for the
     backward (SmolLM2-135M keeps ~1.5 MB a token over its 30 layers, measured); a single row longer than
@@ -168,13 +178,13 @@ def sandbox_fields(cfg: TrainConfig) -> dict[str, Any] | None:
     return {"backend": cfg.sandbox} if cfg.sandbox else None
 
 
-def micro_batch_rows(cfg: TrainConfig, columns: int) -> int:
+def micro_batch_rows(cfg: TrainConfig, columns: int, token_budget: int | None = None) -> int:
     """Rows per forward/backward for a batch ``columns`` wide: the row cap, lowered by the attention and
-    activation budgets."""
+    activation budgets (``token_budget``: the activation budget in token positions, default
+    ``cfg.micro_batch_tokens``)."""
     width = max(columns, 1)
-    return max(
-        1, min(cfg.micro_batch_rows, cfg.micro_batch_cells // width**2, cfg.micro_batch_tokens // width)
-    )
+    tokens = cfg.micro_batch_tokens if token_budget is None else token_budget
+    return max(1, min(cfg.micro_batch_rows, cfg.micro_batch_cells // width**2, tokens // width))
 
 
 class Trainer:
@@ -190,8 +200,13 @@ class Trainer:
         self.model: Any = model.to(self.device)
         self.pad_id = int(model.config.eos_token_id or 0)
         self.ref_model: Any = copy.deepcopy(model) if cfg.loss.kl_coef else None
+        self.trainable_params = set_trainable_layers(self.model, cfg.trainable_layers)
+        self.token_budget = activation_budget(self.model, cfg.micro_batch_tokens, cfg.trainable_layers)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=cfg.lr,
+            betas=(0.9, 0.99),
+            weight_decay=cfg.weight_decay,
         )
 
     def update(self, batch: Batch, fresh_rows: list[bool]) -> dict[str, Any]:
@@ -205,13 +220,13 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum, stats_acc, diffs, fresh_diffs = 0.0, [], [], []
-        rows = micro_batch_rows(cfg, int(tb.input_ids.shape[1]))
+        rows = micro_batch_rows(cfg, int(tb.input_ids.shape[1]), self.token_budget)
         checkpointed = 0
         for start in range(0, batch.size, rows):
             mb = tb.rows(slice(start, start + rows))
             if mb.loss_mask.sum() == 0:
                 continue
-            checkpoint = mb.tokens > cfg.micro_batch_tokens
+            checkpoint = mb.tokens > self.token_budget
             checkpointed += checkpoint
             self._checkpointing(checkpoint)
             sampled = mb.loss_mask.bool()
@@ -228,7 +243,9 @@ class Trainer:
             diffs.append(d[sampled])
             rows_fresh = torch.tensor(fresh_rows[start : start + rows], device=self.device)
             fresh_diffs.append(d[sampled & rows_fresh.unsqueeze(1)])
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            [p for p in self.model.parameters() if p.requires_grad], cfg.max_grad_norm
+        )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._checkpointing(False)
@@ -315,6 +332,8 @@ def step_record(stats: StepStats, judged: list[Group], batch: Batch) -> dict[str
         "reward_mean": statistics.fmean(rewards) if rewards else None,
         "pass_rate": statistics.fmean(x >= 1.0 for x in rewards) if rewards else None,
         "tool_call_fraction": statistics.fmean(used_tool(r) for r in samples) if samples else None,
+        "turns_mean": statistics.fmean(len(r.turns) for r in samples) if samples else None,
+        "rollouts": len(samples),
         "judged_groups": len(judged),
         "informative_fraction": stats.informative_fraction,
         "accepted_groups": stats.accepted_groups,
@@ -386,8 +405,13 @@ async def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | No
                 progress = stack.enter_context(Progress(cfg.steps, cfg.progress))
 
                 async def run_eval(step: int) -> None:
-                    progress.phase(f"evaluating on {len(eval_set)} held-out problems x {cfg.eval_samples}")
-                    result = await evaluate(url, eval_set, cfg.eval_samples, sampling)
+                    def counted(done: int, total: int, solved: int) -> None:
+                        progress.phase(
+                            f"evaluating: {done}/{total} held-out problems x {cfg.eval_samples}, {solved} passed"
+                        )
+
+                    counted(0, len(eval_set), 0)
+                    result = await evaluate(url, eval_set, cfg.eval_samples, sampling, counted)
                     result.update(kind="eval", step=step, wall_s=time.monotonic() - started)
                     evals.append(result)
                     record(result)

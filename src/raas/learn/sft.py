@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from raas.errors import RaasError
-from raas.learn.memory import release_memory, set_checkpointing
+from raas.learn.memory import activation_budget, release_memory, set_checkpointing, set_trainable_layers
 from raas.trainer.grpo import token_segments
 from raas.trainer.hf_weights import TensorType, export_gguf, load_policy
 from raas.trainer.types import JobResult, is_valid
@@ -46,6 +47,8 @@ class SftConfig:
     """Rows per optimizer step."""
     micro_batch_cells: int = 1_000_000
     """At most rows x columns² per forward/backward (see ``TrainConfig.micro_batch_cells``)."""
+    trainable_layers: int | None = None
+    """Train only the top N decoder layers and the final norm (see ``TrainConfig.trainable_layers``)."""
     micro_batch_tokens: int = 600
     """At most rows x columns per forward/backward with every activation kept; a longer single row runs
     with activation checkpointing (see ``TrainConfig.micro_batch_tokens``)."""
@@ -148,9 +151,13 @@ def sft(
     cfg: SftConfig,
     out_dir: str | Path,
     on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    on_step: Callable[[int, int, int], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> SftSummary:
     """Fine-tune on ``results`` (see the module docstring); writes ``OUT/policy.gguf`` and ``OUT/sft.jsonl``.
-    Blocking (torch): call it in a thread from async code."""
+    ``on_step`` gets (epoch, optimizer steps done in it, steps per epoch) after each step. Blocking
+    (torch): call it in a thread from async code, and set ``stop`` to end it at the next optimizer step
+    (``RaasError`` ``cancelled``, nothing written)."""
     if cfg.epochs < 1 or cfg.batch_rows < 1 or not cfg.lr > 0:
         raise RaasError("epochs and batch_rows must be >= 1 and lr > 0", kind="bad_request")
     from raas.llm.models import default_gguf_path
@@ -171,9 +178,10 @@ def sft(
     gguf = Path(cfg.model) if cfg.model else default_gguf_path()
     model: Any = load_policy(gguf)
     model = model.to(device)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay
-    )
+    set_trainable_layers(model, cfg.trainable_layers)
+    budget = activation_budget(model, cfg.micro_batch_tokens, cfg.trainable_layers)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
     rng = random.Random(cfg.seed)
     log_path = out / "sft.jsonl"
     with log_path.open("w", encoding="utf-8") as log:
@@ -183,18 +191,22 @@ def sft(
             model.train()
             total_loss, total_tokens, steps = 0.0, 0, 0
             for start in range(0, len(order), cfg.batch_rows):
+                if stop is not None and stop.is_set():
+                    raise RaasError("the fine-tune was stopped", kind="cancelled")
                 batch = order[start : start + cfg.batch_rows]
                 n = sum(sum(r.targets[1:]) for r in batch) or 1
                 optimizer.zero_grad(set_to_none=True)
-                for mb in _micro_batches(batch, cfg.micro_batch_cells, cfg.micro_batch_tokens):
-                    set_checkpointing(model, len(mb) * max(len(r.ids) for r in mb) > cfg.micro_batch_tokens)
+                for mb in _micro_batches(batch, cfg.micro_batch_cells, budget):
+                    set_checkpointing(model, len(mb) * max(len(r.ids) for r in mb) > budget)
                     loss, count = _loss_sum(model, mb, device)
                     (loss / n).backward()
                     total_loss += float(loss.item())
                     total_tokens += count
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm)
                 optimizer.step()
                 steps += 1
+                if on_step is not None:
+                    on_step(epoch + 1, steps, -(-len(order) // cfg.batch_rows))
             set_checkpointing(model, False)
             model.eval()
             release_memory()

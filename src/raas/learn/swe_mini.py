@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,14 +53,17 @@ class SweMiniConfig:
     base_eval: bool = True
     warm_start: bool = True
     sft_epochs: int = 2
-    sft_lr: float = 2e-5
+    sft_lr: float = 5e-5
+    trainable_layers: int | None = 20
+    """The top N of SmolLM2's 30 decoder layers are trained (warm start and RL), the rest frozen: on 2
+    cores a multi-turn row costs ~45% less and the trainer keeps no optimizer state for the rest."""
     rl_minutes: float = 120.0
     rl_steps: int = 1000
     eval_every: int = 5
     group_size: int = 8
-    target_groups: int = 4
-    max_inflight_groups: int = 8
-    lr: float = 1e-5
+    target_groups: int = 3
+    max_inflight_groups: int = 6
+    lr: float = 2e-5
     temperature: float = 1.0
     pass_rate_filter: bool = True
     dynamic_sampling: bool = True
@@ -83,6 +87,18 @@ def _stage(cfg: SweMiniConfig, text: str) -> None:
         sys.stderr.flush()
 
 
+class _Every:
+    """A progress line at most every ``interval_s`` seconds."""
+
+    def __init__(self, cfg: SweMiniConfig, interval_s: float) -> None:
+        self.cfg, self.interval_s, self.last = cfg, interval_s, 0.0
+
+    def __call__(self, text: str) -> None:
+        if time.monotonic() - self.last >= self.interval_s:
+            self.last = time.monotonic()
+            _stage(self.cfg, text)
+
+
 async def _held_out(cfg: SweMiniConfig, gguf: str | None, test: list[dict[str, Any]]) -> dict[str, Any]:
     """The held-out resolved rate of the policy in ``gguf`` (None: the embedded model), served by a
     llama.cpp server of its own."""
@@ -104,7 +120,12 @@ async def _held_out(cfg: SweMiniConfig, gguf: str | None, test: list[dict[str, A
         async with local_service(
             [server.url], tokenizer, run_workers=cfg.slots, sandbox={"backend": cfg.sandbox}
         ) as url:
-            return await evaluate(url, test, cfg.eval_samples, sampling)
+            every = _Every(cfg, 10.0)
+
+            def counted(done: int, total: int, solved: int) -> None:
+                every(f"  {done}/{total} held-out instances x {cfg.eval_samples}, {solved} resolved")
+
+            return await evaluate(url, test, cfg.eval_samples, sampling, counted)
 
 
 async def run_recipe(cfg: SweMiniConfig) -> dict[str, Any]:
@@ -151,13 +172,38 @@ async def run_recipe(cfg: SweMiniConfig) -> dict[str, Any]:
     if cfg.warm_start:
         _stage(cfg, f"warm start: the teacher acts out {len(train_rows)} gold fixes through raas")
         tokenizer = await policy_tokenizer(cfg.model)
+        every = _Every(cfg, 10.0)
         stats = await teacher_trajectories(
-            train_rows, tokenizer, out / "warmstart.jsonl", sandbox=cfg.sandbox, workers=cfg.slots
+            train_rows,
+            tokenizer,
+            out / "warmstart.jsonl",
+            sandbox=cfg.sandbox,
+            workers=cfg.slots,
+            on_result=lambda st: every(f"  {st.results}/{st.scripted} acted out, {st.resolved} resolved"),
         )
         _stage(cfg, f"warm start: {stats.resolved} of {stats.results} resolved by EVAL; fine-tuning")
         results = await asyncio.to_thread(read_results, out / "warmstart.jsonl")
-        sft_cfg = SftConfig(epochs=cfg.sft_epochs, lr=cfg.sft_lr, model=cfg.model, seed=cfg.seed)
-        tuned = await asyncio.to_thread(sft, results, sft_cfg, out / "sft")
+        sft_cfg = SftConfig(
+            epochs=cfg.sft_epochs,
+            lr=cfg.sft_lr,
+            model=cfg.model,
+            seed=cfg.seed,
+            trainable_layers=cfg.trainable_layers,
+        )
+        stop = threading.Event()
+        try:
+            tuned = await asyncio.to_thread(
+                sft,
+                results,
+                sft_cfg,
+                out / "sft",
+                lambda rec: _stage(cfg, f"  fine-tuning: epoch {rec['epoch']} loss {rec['loss']:.3f}"),
+                lambda epoch, done, total: every(f"  fine-tuning: epoch {epoch}, step {done}/{total}"),
+                stop,
+            )
+        except asyncio.CancelledError:
+            stop.set()  # the thread ends at its next optimizer step instead of finishing the epochs
+            raise
         summary["phases"]["warm_start"] = {"teacher": asdict(stats), "sft": asdict(tuned)}
         start_model = tuned.gguf
         save()
@@ -183,6 +229,7 @@ async def run_recipe(cfg: SweMiniConfig) -> dict[str, Any]:
         context_per_slot=AGENT_DEFAULTS["context_budget"],
         sandbox=cfg.sandbox,
         pass_rate_filter=cfg.pass_rate_filter,
+        trainable_layers=cfg.trainable_layers,
         dynamic_sampling=cfg.dynamic_sampling,
         max_wall_s=cfg.rl_minutes * 60,
         seed=cfg.seed,

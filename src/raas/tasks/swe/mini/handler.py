@@ -27,13 +27,14 @@ from raas.tasks.swe.replay import tool_call
 NAME = "swe-mini"
 TOOLS = ["view", "search", "replace", "run_tests", "submit"]
 SYSTEM_PROMPT = (
-    "You fix bugs in a Python repository. Tools:\n"
-    + describe_tools(TOOLS)
-    + '\nReply with one tool call: <tool_call>{"name": ..., "arguments": {...}}</tool_call>'
+    f"You fix bugs in Python code. Tools: {describe_tools(TOOLS, detailed=False)}.\n"
+    'Reply with one tool call: <tool_call>{"name": ..., "arguments": {...}}</tool_call>'
 )
+"""Signatures only (the demonstration shows how they are used): every token of the prompt is paid for
+again in every trained row."""
 PROMPT_TEMPLATE = "Fix this issue:\n{problem_statement}"
 
-_BUGGY = ["def is_even(n):", '    """True when n is even."""', "    return n % 2 == 1"]
+_BUGGY = ["def is_even(n):", "    return n % 2 == 1"]
 EXAMPLE: list[Message] = [
     Message(
         role="user",
@@ -50,7 +51,7 @@ EXAMPLE: list[Message] = [
     Message(
         role="tool",
         name="replace",
-        content="Replaced. parity.py now reads:\n" + numbered(["    return n % 2 == 0"], 3),
+        content="Replaced. parity.py now reads:\n" + numbered(["    return n % 2 == 0"], 2),
     ),
     Message(role="assistant", content=tool_call("submit")),
 ]

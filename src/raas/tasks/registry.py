@@ -104,7 +104,10 @@ class HandlerRegistry:
         self._ensure()
         with self._lock:
             classes = list(dict.fromkeys(self._classes.values()))
-        for cls in classes:
+        hooks: dict[object, type[TaskHandler]] = {}
+        for cls in classes:  # a subclass that inherits its parent's hook (swe-mini's) shares one warm-up
+            hooks.setdefault(getattr(cls.warm_up, "__func__", cls.warm_up), cls)
+        for cls in hooks.values():
             try:
                 cls.warm_up()
             except Exception as e:  # a plug-in's warm-up is an optimisation; it must not stop the service

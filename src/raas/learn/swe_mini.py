@@ -14,6 +14,10 @@ Everything goes through a raas service in this process with real sandboxes (``bw
 repository, RUN's tools act in it, EVAL grades the patch with the hidden tests in a fresh sandbox.
 ``OUT/recipe.json`` gets the three held-out rates and what each phase cost; ``OUT/rl/`` holds
 ``train.jsonl`` and ``learning_curve.png``.
+
+Run again into the same ``OUT`` (after a crash, a reboot or Ctrl-C), the recipe keeps the phases it
+finished with the same settings (the base evaluation, the warm start whose weights are still there) and
+starts RL again from the warm-started weights; the interrupted RL log is kept beside the new one.
 """
 
 from __future__ import annotations
@@ -79,6 +83,40 @@ class SweMiniConfig:
     progress: bool = True
 
 
+_PHASE_SETTINGS = {
+    "base": ("build", "eval_levels", "eval_instances", "eval_samples", "model", "sandbox", "temperature"),
+    "warm_start": (
+        "build",
+        "levels",
+        "train_instances",
+        "model",
+        "sft_epochs",
+        "sft_lr",
+        "trainable_layers",
+        "seed",
+    ),
+}
+"""The settings each finished phase depends on: a phase is reused only if all of them are unchanged."""
+
+
+def _finished_phases(cfg: SweMiniConfig, out: Path) -> dict[str, Any]:
+    """The phases an earlier run into ``out`` finished with the same settings (and whose files remain)."""
+    try:
+        earlier = json.loads((out / "recipe.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    now = json.loads(json.dumps(asdict(cfg)))  # tuples as lists, as the file has them
+    kept: dict[str, Any] = {}
+    for phase, keys in _PHASE_SETTINGS.items():
+        done = earlier.get("phases", {}).get(phase)
+        if done is None or any(earlier.get("config", {}).get(k) != now[k] for k in keys):
+            continue
+        if phase == "warm_start" and not Path(done.get("sft", {}).get("gguf", "")).is_file():
+            continue
+        kept[phase] = done
+    return kept
+
+
 def _stage(cfg: SweMiniConfig, text: str) -> None:
     if cfg.progress:
         import sys
@@ -128,11 +166,23 @@ async def _held_out(cfg: SweMiniConfig, gguf: str | None, test: list[dict[str, A
             return await evaluate(url, test, cfg.eval_samples, sampling, counted)
 
 
+def _keep_interrupted_log(rl_dir: Path) -> None:
+    """An earlier RL log in ``rl_dir`` is renamed ``train.<n>.jsonl`` instead of being overwritten."""
+    log = rl_dir / "train.jsonl"
+    if not log.exists():
+        return
+    n = 1
+    while (rl_dir / f"train.{n}.jsonl").exists():
+        n += 1
+    log.rename(rl_dir / f"train.{n}.jsonl")
+
+
 async def run_recipe(cfg: SweMiniConfig) -> dict[str, Any]:
     """Run the recipe (see the module docstring); returns what ``OUT/recipe.json`` holds."""
     started = time.monotonic()
     out = Path(cfg.out_dir)
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
+    finished = await asyncio.to_thread(_finished_phases, cfg, out)
     summary: dict[str, Any] = {"config": asdict(cfg), "phases": {}}
 
     def save() -> None:
@@ -161,7 +211,10 @@ async def run_recipe(cfg: SweMiniConfig) -> dict[str, Any]:
     _stage(cfg, f"{len(train_rows)} training and {len(test_rows)} held-out instances")
     save()
 
-    if cfg.base_eval:
+    if cfg.base_eval and "base" in finished:
+        summary["phases"]["base"] = finished["base"]
+        _stage(cfg, f"base held-out resolved rate (from the earlier run): {finished['base']['pass_rate']}")
+    elif cfg.base_eval:
         _stage(cfg, f"held-out rate of the starting policy ({len(test_rows)} x {cfg.eval_samples} rollouts)")
         base = await _held_out(cfg, cfg.model, test_rows)
         summary["phases"]["base"] = base
@@ -169,7 +222,12 @@ async def run_recipe(cfg: SweMiniConfig) -> dict[str, Any]:
         save()
 
     start_model = cfg.model
-    if cfg.warm_start:
+    if cfg.warm_start and "warm_start" in finished:
+        summary["phases"]["warm_start"] = finished["warm_start"]
+        start_model = finished["warm_start"]["sft"]["gguf"]
+        _stage(cfg, f"warm start (from the earlier run): {start_model}")
+        save()
+    elif cfg.warm_start:
         _stage(cfg, f"warm start: the teacher acts out {len(train_rows)} gold fixes through raas")
         tokenizer = await policy_tokenizer(cfg.model)
         every = _Every(cfg, 10.0)
@@ -209,6 +267,7 @@ async def run_recipe(cfg: SweMiniConfig) -> dict[str, Any]:
         save()
 
     _stage(cfg, f"RL for up to {cfg.rl_minutes:g} minutes")
+    await asyncio.to_thread(_keep_interrupted_log, out / "rl")
     rl_cfg = TrainConfig(
         train_data=str(data / "train.jsonl"),
         eval_data=str(data / "test.jsonl"),

@@ -50,7 +50,8 @@ def swe_fields(recipe: dict[str, Any], records: list[dict[str, Any]]) -> dict[st
 
     return {
         "held_out_base": phases.get("base", {}).get("pass_rate"),
-        "held_out_warm_start": held.get("warm_start"),
+        # a stopped run's recipe.json has no held_out yet: RL's step-0 evaluation is the warm start's
+        "held_out_warm_start": held.get("warm_start", start if warm else None),
         "held_out_rl_final": final,
         "held_out_rl_best": held.get("rl_best"),
         "goal_2x_and_15_points": (

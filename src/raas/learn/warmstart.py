@@ -4,7 +4,7 @@ Rejection-sampling fine-tuning's sampling half for a policy too weak to find any
 teacher (:class:`~raas.tasks.swe.mini.teacher.TeacherBook`, a vLLM-protocol server) answers every turn of
 every job with the instance's gold fix typed through the scaffold's tools, and the jobs go through a raas
 service in this process exactly as a policy's would (INIT in a sandbox, the tools, EVAL in a fresh
-sandbox with the hidden tests). The results are written as they come (``raas run -o``'s format), and
+sandbox with the hidden tests). The results are written in ``raas run -o``'s format once all are in, and
 :func:`raas.learn.sft.sft` keeps the resolved ones. Nothing about a trajectory is invented: the tokens are
 what the teacher's server sent, the observations what the sandbox returned, the reward what EVAL said.
 """

@@ -77,10 +77,7 @@ class PassRateFilter:
 
     def settled(self, instance: dict[str, Any]) -> bool:
         """All solved or all failed over at least ``min_samples`` remembered samples."""
-        q = self._rewards.get(prompt_key(instance))
-        if q is None or len(q) < self.min_samples:
-            return False
-        return all(r >= 1.0 for r in q) or all(r <= 0.0 for r in q)
+        return self._settled_key(prompt_key(instance))
 
     def score(self, instance: dict[str, Any]) -> float:
         """``p(1-p)``: a group's reward variance at this prompt's pass rate (0.25 when never sampled)."""
@@ -128,5 +125,5 @@ class PassRateFilter:
         }
 
     def _settled_key(self, key: str) -> bool:
-        q = self._rewards[key]
-        return len(q) >= self.min_samples and (all(r >= 1.0 for r in q) or all(r <= 0.0 for r in q))
+        q = self._rewards.get(key)
+        return q is not None and len(q) >= self.min_samples and (all(r >= 1.0 for r in q) or all(r <= 0.0 for r in q))

@@ -150,10 +150,17 @@ def mini_cmd(
         TextColumn("swe-mini"), TextColumn("{task.fields[stage]}"), TimeElapsedColumn(), console=console
     )
     task = progress.add_task("", stage="starting")
+    last_line = [0.0]
 
     def on_event(rep: MiniReport) -> None:
         rejected = sum(rep.rejected.values())
-        progress.update(task, stage=f"{rep.accepted} kept, {rejected} rejected of {rep.tried} bugs tried")
+        stage = f"{rep.accepted} kept, {rejected} rejected of {rep.tried} bugs tried"
+        progress.update(task, stage=stage)
+        if (
+            not console.is_terminal and time.monotonic() - last_line[0] >= 10
+        ):  # a log file: a line now and then
+            last_line[0] = time.monotonic()
+            console.print(f"swe-mini {time.monotonic() - t0:.0f} s: {stage}")
 
     t0 = time.monotonic()
     try:

@@ -1,6 +1,6 @@
 """``builtin:swe-mini:train`` and ``builtin:swe-mini:test``: the curriculum as a built-in dataset.
 
-The records point at images in the image cache, so the first use builds them (a few minutes on 2 cores,
+The records point at images in the image cache, so the first use builds them (~20 minutes on 2 cores,
 as root: :mod:`.build`); later uses read the cached build. Splits share no module of the corpus.
 """
 

@@ -28,6 +28,7 @@ import itertools
 import json
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -80,8 +81,15 @@ async def run_variant(name: str, procs: Processes, p: dict[str, Any]) -> dict[st
             max_staleness=1,
             pass_rates=PassRateFilter(window=2 * G, min_samples=G) if name == "tracked" else None,
         )
-        for _ in range(p["steps"]):
-            _, stats = await sampler.next_step()
+        stopped = None
+        for step in range(p["steps"]):
+            left = p["variant_max_s"] - (time.monotonic() - started)
+            try:
+                _, stats = await asyncio.wait_for(sampler.next_step(), max(left, 1.0))
+            except TimeoutError:
+                # every prompt solved or never: a plain sampler can wait for ever; say so, do not hang
+                stopped = f"time cap ({p['variant_max_s']:g} s) reached waiting for step {step + 1}"
+                break
             steps.append(
                 {
                     "wait_s": round(stats.time_waiting_s, 2),
@@ -104,6 +112,8 @@ async def run_variant(name: str, procs: Processes, p: dict[str, Any]) -> dict[st
         "rollouts_finished": finished,
         "uninformative_groups": sum(s["uninformative_groups"] for s in steps),
         "skipped_prompts": sum(s["skipped_prompts"] for s in steps),
+        "steps_done": len(steps),
+        "stopped": stopped,
         "steps": steps,
     }
 
@@ -129,9 +139,9 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a parameter")
     args = ap.parse_args()
     p: dict[str, Any] = {
-        "steps": 24,
+        "steps": 20,
         "pool": 48,
-        "drift": 0.05,
+        "drift": 0.025,
         "target": 4,
         "group_size": 8,
         "inflight": 8,
@@ -145,19 +155,25 @@ def main() -> None:
         "prefill_s": 0.02,
         "train_s": 2.0,
         "sync_s": 0.5,
+        "variant_max_s": 900.0,
     }
     for item in args.set:
         key, _, value = item.partition("=")
         if key not in p:
             ap.error(f"unknown parameter {key!r}")
         p[key] = type(p[key])(value)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # killed: stop the service and double too
     load = os.getloadavg()[0]
     variants = asyncio.run(main_async(p))
-    plain, tracked = variants["plain"]["wait_s"], variants["tracked"]["wait_s"]
+    # compared over the steps both variants finished (one may have hit the time cap)
+    common = min(v["steps_done"] for v in variants.values())
+    plain, tracked = (sum(s["wait_s"] for s in variants[n]["steps"][:common]) for n in ("plain", "tracked"))
     result = {
         "params": p,
         "cpu_cores": os.cpu_count(),
         "load_average_at_start": round(load, 2),
+        "steps_compared": common,
+        "wait_s_compared": {"plain": round(plain, 2), "tracked": round(tracked, 2)},
         "wait_saved_fraction": round(1 - tracked / plain, 3) if plain else None,
         "variants": variants,
     }

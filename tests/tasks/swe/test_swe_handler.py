@@ -37,6 +37,7 @@ from raas.sandbox import SandboxManager
 from raas.tasks.registry import HandlerRegistry
 from raas.tasks.swe import r2e
 from raas.tasks.swe.build import BuildOptions, build
+from raas.tasks.swe.config import SweConfig
 from raas.tasks.swe.handler import SweHandler
 from raas.tasks.swe.packages import FAST_PACKAGES
 from raas.tasks.swe.patch import ExtractedPatch
@@ -75,6 +76,13 @@ class CorruptingSweHandler(SweHandler):
         return patch
 
 
+class ShortEvalSweHandler(SweHandler):
+    """The real handler with a 5 s limit on EVAL's test run (as ``swe-mini`` has 60 s)."""
+
+    name = "test.swe-short-eval"
+    config = SweConfig(test_timeout_s=5.0)
+
+
 def instance(r: SweRecord, **extra: Any) -> dict[str, Any]:
     return {**r.model_dump(mode="json"), **extra}
 
@@ -99,6 +107,7 @@ async def swe_service(
 ) -> AsyncIterator[str]:
     registry = HandlerRegistry()
     registry.register(CorruptingSweHandler)
+    registry.register(ShortEvalSweHandler)
     async with ScriptedLLM(book) as llm:
         config = ServiceConfig(
             state_dir=tmp_path / "svc",
@@ -209,9 +218,22 @@ async def test_patch_failed_eval_error_and_bad_records(
             "instance": instance(r, test_patch=broken_tests),
             "sampling_params": book.add("harness-broken", gold_by_editor(r.patch)),
         },
+        {  # a patch whose module loops for ever on import: the tests time out, a policy's failure
+            "job_id": "loops",
+            "instance": instance(r, data_source="test.swe-short-eval"),
+            "sampling_params": book.add(
+                "loops",
+                [
+                    tool_call(
+                        "bash",
+                        command=f"printf '\\nwhile True:\\n    pass\\n' >> /testbed/{buggy_file(r)[0]}",
+                    )
+                ],
+            ),
+        },
     ]
     async with swe_service(tmp_path, book, sandbox_manager) as url:
-        corrupt, broken = await run_jobs(url, jobs)
+        corrupt, broken, loops = await run_jobs(url, jobs)
         async with httpx.AsyncClient(base_url=url, timeout=60) as http:
             bad = instance(r)
             del bad["FAIL_TO_PASS"]
@@ -226,6 +248,10 @@ async def test_patch_failed_eval_error_and_bad_records(
     assert "this line is not in the file" in corrupt["artifacts"]["git_patch"]
     assert broken["status"] == "failed" and broken["filter"] is True and broken["reward"] is None
     assert broken["error"]["kind"] == "eval_error" and broken["error"]["stage"] == "eval"
+    assert loops["status"] == "completed" and loops["filter"] is False, loops["error"]
+    assert (loops["reward"], loops["artifacts"]["outcome"]) == (0.0, "tests_timed_out")
+    assert "while True:" in loops["artifacts"]["git_patch"]
+    # (under SWE's default limit of 1,800 s it would outlast this test's own 1,500 s timeout)
 
 
 async def test_prorl_process_returns_git_patch_under_apptainer(

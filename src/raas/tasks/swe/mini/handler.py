@@ -60,7 +60,17 @@ EXAMPLE: list[Message] = [
 AGENT_DEFAULTS: dict[str, int] = {"max_turns": 6, "max_tokens_per_turn": 128, "context_budget": 3072}
 """View, replace, perhaps run the tests, submit, and one retry; a turn is one short tool call."""
 
-CONFIG = SweConfig(tools=TOOLS, system_prompt=SYSTEM_PROMPT, prompt_template=PROMPT_TEMPLATE)
+EVAL_TIMEOUT_S = 60.0
+"""The curriculum's suites run in about a second; a policy's patch can make one loop for ever (seen in RL:
+two EVALs held both cores for 10+ minutes under SWE's default 1,800 s limit, starving the policy's server).
+Such a patch is graded ``tests_timed_out`` (reward 0) after this long."""
+
+CONFIG = SweConfig(
+    tools=TOOLS,
+    system_prompt=SYSTEM_PROMPT,
+    prompt_template=PROMPT_TEMPLATE,
+    test_timeout_s=EVAL_TIMEOUT_S,
+)
 
 
 class SweMiniHandler(SweHandler):

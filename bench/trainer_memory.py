@@ -87,7 +87,7 @@ def measure(steps: int, src: str | None, extra: list[str]) -> dict[str, Any]:
         "steps": len(step_rows),
         "wall_s": round(time.monotonic() - started, 1),
         "trainer_peak_rss_mb": round(peak / 1024),
-        "trainer_final_rss_mb": round(samples[-1][1] / 1024) if samples else None,
+        "trainer_final_rss_mb": round(next((kb for _, kb in reversed(samples) if kb), 0) / 1024),
         "children_peak_rss_mb": round(peak_children / 1024),
         "rss_mb_per_step_from_log": [r.get("rss_mb") and round(r["rss_mb"]) for r in step_rows],
         "train_s_per_step": [round(r["train_s"], 1) for r in step_rows],

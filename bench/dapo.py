@@ -37,6 +37,7 @@ import math
 import os
 import platform
 import random
+import signal
 import socket
 import sys
 import tempfile
@@ -341,6 +342,7 @@ def main() -> None:
             ap.error(f"unknown parameter {key!r}")
         p[key] = type(p[key])(value)
     load = os.getloadavg()[0]
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # killed: stop the service and double too
     variants = asyncio.run(main_async(p))
     out = {
         "params": p,

@@ -165,8 +165,10 @@ async def test_max_procs_holds(sandbox_manager: SandboxManager, sandbox_config: 
         out = await sh(sb, FORK_BOMB, timeout=120)
         forked = int(out.split("forked")[-1])
         assert "fork refused" in out and forked < 50
-        if ROOT:  # the sandbox's own uid: the cap is exactly per sandbox
-            assert forked >= 40, out
+        if ROOT:  # the sandbox's own uid: the cap is per sandbox, not shared with root's host processes
+            # (the sandbox's own processes take some of the 50: the tool server, its shells, and under
+            # apptainer its starter; a fresh clone's run saw 39 forks there)
+            assert forked >= 35, out
     assert sbprocs.pids_with_env(sb.id) == []
 
 

@@ -311,6 +311,15 @@ async def main_async(p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def apply_overrides(ap: argparse.ArgumentParser, p: dict[str, Any], items: list[str]) -> None:
+    """``--set KEY=VALUE`` items onto the parameters ``p``, each converted to its default's type."""
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in p:
+            ap.error(f"unknown parameter {key!r}")
+        p[key] = type(p[key])(value)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer steps and smaller batches")
@@ -336,11 +345,7 @@ def main() -> None:
     }
     if args.quick:
         p.update(steps=2, target=4, inflight=8, group_size=4, repeats=1)
-    for item in args.set:
-        key, _, value = item.partition("=")
-        if key not in p:
-            ap.error(f"unknown parameter {key!r}")
-        p[key] = type(p[key])(value)
+    apply_overrides(ap, p, args.set)
     load = os.getloadavg()[0]
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # killed: stop the service and double too
     variants = asyncio.run(main_async(p))

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dapo import REPO, LearningDapoTask, Processes
+from dapo import REPO, LearningDapoTask, Processes, apply_overrides
 
 
 def pool(p: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -157,11 +157,7 @@ def main() -> None:
         "sync_s": 0.5,
         "variant_max_s": 900.0,
     }
-    for item in args.set:
-        key, _, value = item.partition("=")
-        if key not in p:
-            ap.error(f"unknown parameter {key!r}")
-        p[key] = type(p[key])(value)
+    apply_overrides(ap, p, args.set)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # killed: stop the service and double too
     load = os.getloadavg()[0]
     variants = asyncio.run(main_async(p))

@@ -47,6 +47,18 @@ TASKS = {
 }
 
 
+def save_run(name: str, result: dict[str, Any], log: str | Path, plot: str | Path | None) -> None:
+    """Merge ``result`` into ``bench/results/learning.json`` under ``name``; copy its log and plot beside it."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / "learning.json"
+    runs = json.loads(path.read_text()) if path.exists() else {}
+    runs[name] = result
+    path.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+    shutil.copy(log, RESULTS / f"learning_{name}.jsonl")
+    if plot:
+        shutil.copy(plot, RESULTS / f"learning_{name}.png")
+
+
 def summarize(records: list[dict[str, Any]], cfg: TrainConfig, wall_s: float) -> dict[str, Any]:
     steps = [r for r in records if r["kind"] == "step"]
     evals = [r for r in records if r["kind"] == "eval"]
@@ -195,14 +207,7 @@ def main() -> None:
     }
     print(json.dumps(result, indent=1))
     if not args.no_save:
-        RESULTS.mkdir(exist_ok=True)
-        path = RESULTS / "learning.json"
-        runs = json.loads(path.read_text()) if path.exists() else {}
-        runs[name] = result
-        path.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
-        shutil.copy(saved_log, RESULTS / f"learning_{name}.jsonl")
-        if plot:
-            shutil.copy(plot, RESULTS / f"learning_{name}.png")
+        save_run(name, result, saved_log, plot)
     shutil.rmtree(out_dir, ignore_errors=True)
 
 

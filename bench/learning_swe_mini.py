@@ -21,12 +21,11 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
 from pathlib import Path
 from typing import Any
 
-from learning import RESULTS, summarize
+from learning import save_run, summarize
 from raas.learn.reference import TrainConfig
 from raas.learn.swe_mini import SweMiniConfig, run_recipe
 from raas.trainer.train_log import plot_learning_curve, read_log
@@ -140,13 +139,7 @@ def main() -> None:
     }
     print(json.dumps(result, indent=1))
     if not args.no_save:
-        RESULTS.mkdir(exist_ok=True)
-        path = RESULTS / "learning.json"
-        runs = json.loads(path.read_text()) if path.exists() else {}
-        runs[NAME] = result
-        path.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
-        shutil.copy(log_path, RESULTS / f"learning_{NAME}.jsonl")
-        shutil.copy(plot, RESULTS / f"learning_{NAME}.png")
+        save_run(NAME, result, log_path, plot)
 
 
 if __name__ == "__main__":

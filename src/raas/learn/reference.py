@@ -228,7 +228,7 @@ class Trainer:
                 continue
             checkpoint = mb.tokens > self.token_budget
             checkpointed += checkpoint
-            self._checkpointing(checkpoint)
+            set_checkpointing(self.model, checkpoint)
             sampled = mb.loss_mask.bool()
             logprobs = response_logprobs(self.model, mb, cfg.temperature, only=sampled)
             ref = None
@@ -248,7 +248,7 @@ class Trainer:
         )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self._checkpointing(False)
+        set_checkpointing(self.model, False)
         self.model.eval()
         weights = sum(w for w, _ in stats_acc) or 1.0
         out: dict[str, Any] = {
@@ -271,10 +271,6 @@ class Trainer:
         del tb, diffs, fresh_diffs
         release_memory()
         return out
-
-    def _checkpointing(self, on: bool) -> None:
-        """Activation checkpointing on or off for the next forward/backward (a flag on the model)."""
-        set_checkpointing(self.model, on)
 
 
 def fresh_rows(batch: Batch, groups: list[Group], version: int) -> list[bool]:

@@ -126,4 +126,8 @@ class PassRateFilter:
 
     def _settled_key(self, key: str) -> bool:
         q = self._rewards.get(key)
-        return q is not None and len(q) >= self.min_samples and (all(r >= 1.0 for r in q) or all(r <= 0.0 for r in q))
+        return (
+            q is not None
+            and len(q) >= self.min_samples
+            and (all(r >= 1.0 for r in q) or all(r <= 0.0 for r in q))
+        )

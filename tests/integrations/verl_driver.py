@@ -115,7 +115,6 @@ def main() -> None:
     n = int(os.environ.get("VERL_N", "2"))
     raas_url = os.environ["RAAS_URL"]
 
-    import ray
     from torchdata.stateful_dataloader import StatefulDataLoader
     from verl import DataProto
     from verl.experimental.agent_loop import AgentLoopWorker
@@ -125,9 +124,12 @@ def main() -> None:
     from verl.workers.config import CheckpointEngineConfig
     from verl.workers.rollout.llm_server import LLMServerClient
 
+    from tests.cluster.raycluster import LocalRayCluster
+
     config = compose(model_dir, loop_yaml, data_file, n, [])
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
+    # verl's naive weight sync waits on the actor workers through ray.get: a one-node Ray of its own, on
+    # its own loopback address and free ports (tests/cluster/raycluster.py), so it never meets another.
+    with LocalRayCluster([1]):
         # verl's trainer: the checkpoint manager class named by its config.
         manager_cls = load_class_from_fqn(
             config.actor_rollout_ref.rollout.get("checkpoint_manager_class"), "CheckpointEngineManager"
@@ -196,8 +198,6 @@ def main() -> None:
                 }
             )
         )
-    finally:
-        ray.shutdown()
 
 
 if __name__ == "__main__":

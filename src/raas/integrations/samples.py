@@ -175,20 +175,24 @@ class RaasSampler:
         trajectory_id: int,
         sampling_params: dict[str, Any] | None = None,
         job_id: str | None = None,
+        max_resubmits: int | None = None,
+        job_timeout_s: float | None = None,
     ) -> Rollout:
-        """Run one sample to the end; resubmits a filtered one up to ``max_resubmits`` times. Job ids are
-        ``<job_id or group.trajectory>.<attempt>``, so a retried trainer call finds its job again."""
+        """Run one sample to the end; resubmits a filtered one up to ``max_resubmits`` times (the
+        sampler's unless given). Job ids are ``<job_id or group.trajectory>.<attempt>``, so a retried
+        trainer call finds its job again."""
         client = self.client_for(group_id)
         base = job_id or f"{group_id}.{trajectory_id}"
         body_instance = {**instance, "group_id": group_id, "trajectory_id": trajectory_id}
+        resubmits = self.max_resubmits if max_resubmits is None else max_resubmits
         rollout: Rollout | None = None
-        for attempt in range(self.max_resubmits + 1):
+        for attempt in range(resubmits + 1):
             jid = f"{base}.{attempt}"
             await client.submit(
                 body_instance,
                 sampling_params=sampling_params,
                 job_id=jid,
-                timeout_s=self.job_timeout_s,
+                timeout_s=job_timeout_s if job_timeout_s is not None else self.job_timeout_s,
                 priority=self.priority,
             )
             raw = await client.wait(jid, timeout_s=self.wait_timeout_s)
@@ -199,7 +203,7 @@ class RaasSampler:
                 "raas job %s %s; %s",
                 jid,
                 rollout.unusable_reason,
-                "resubmitting" if attempt < self.max_resubmits else "giving the sample up",
+                "resubmitting" if attempt < resubmits else "giving the sample up",
             )
         assert rollout is not None
         return rollout

@@ -126,7 +126,8 @@ class RaasAgentLoop(AgentLoopBase):
         self.job_timeout_s = job_timeout_s
 
     def _filler_token(self) -> int:
-        for token in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id):
+        tokenizer: Any = self.tokenizer
+        for token in (tokenizer.pad_token_id, tokenizer.eos_token_id):
             if token is not None:
                 return int(token)
         return 0
@@ -180,13 +181,13 @@ class RaasCheckpointEngineManager(CheckpointEngineManager):
         return [normalize_address(str(r.server_address)) for r in self.replicas if r.server_address]
 
     @auto_await
-    async def sleep_replicas(self) -> None:  # type: ignore[override]
+    async def sleep_replicas(self) -> None:
         async with self._raas() as raas:
             await raas.pause()
         await super().sleep_replicas()
 
     @auto_await
-    async def update_weights(self, global_steps: int | None = None) -> Any:  # type: ignore[override]
+    async def update_weights(self, global_steps: int | None = None) -> Any:
         async with self._raas() as raas:
             await raas.pause()
             try:

@@ -76,7 +76,7 @@ def main() -> None:
                     "meta": {"n_trajs": meta0.n_trajs, "traj_group_sizes": list(meta0.traj_group_sizes)},
                     "second": as_lists(batch1),
                     "rejected_batch": len(rejected),
-                    "jobs": [j for reg in _state.values() for j in reg.recent_jobs],
+                    "jobs": [j for regs in _state.values() for reg in regs.values() for j in reg.recent_jobs],
                 }
             )
         )

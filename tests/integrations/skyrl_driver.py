@@ -152,6 +152,33 @@ def main() -> None:
     )
     tight_trainer = trainer_for(exp.get_generator(tight_cfg, tokenizer, client))
     third, third_jobs, _ = step(tight_trainer, tight, 3)
+    # A group with a filtered sample, through SkyRL's own batch path with grpo_norm_by_std=false: the
+    # placeholder reward is the group's usable mean, so the usable samples' advantages are r - mean(usable).
+    from raas.integrations.samples import Rollout
+    from raas.integrations.skyrl import generator_output
+
+    def sample(job: str, reward: float | None) -> Rollout:
+        usable = reward is not None
+        return Rollout(
+            job_id=job,
+            prompt_ids=[1, 2],
+            response_ids=[5, 6] if usable else [],
+            response_mask=[1, 1] if usable else [],
+            logprobs=[-0.5, -0.5] if usable else [],
+            reward=reward,
+            usable=usable,
+            unusable_reason=None if usable else "filtered",
+        )
+
+    dr_cfg = compose(model_dir, data, llama_address, 3, ["trainer.algorithm.grpo_norm_by_std=false"])
+    mixed_trainer = trainer_for(None)
+    mixed_trainer.cfg = dr_cfg
+    uids = ["m", "m", "m"]
+    mixed_out = generator_output([sample("a", 1.0), sample("b", 0.0), sample("c", None)], uids, 2)
+    mixed_out = mixed_trainer.postprocess_generator_output(mixed_out, uids)
+    mixed_ti = mixed_trainer.convert_to_training_input(mixed_out, uids)
+    mixed_ti["values"] = None
+    mixed_ti = mixed_trainer.compute_advantages_and_returns(mixed_ti)
     out_path.write_text(
         json.dumps(
             {
@@ -161,6 +188,7 @@ def main() -> None:
                     {**third, "jobs": third_jobs, "version": "3"},
                 ],
                 "registered": [list(servers[0]), servers[1]] if servers else None,
+                "mixed": as_lists(mixed_ti),
                 "pad_token_id": tokenizer.pad_token_id,
             }
         )

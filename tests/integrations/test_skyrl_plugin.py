@@ -127,6 +127,16 @@ async def test_skyrls_own_trainer_builds_its_batch_from_raas_trajectories_exactl
         assert tight["generator_output"]["stop_reasons"][i] == "raas_unusable"
     assert tight["generator_output"]["rollout_metrics"]["raas/unusable"] == N
 
+    # a group with one filtered sample, under grpo_norm_by_std=false: the usable samples' advantages are
+    # exactly r - mean(usable rewards) (1 and 0: +0.5, -0.5); the filtered row has none
+    mixed = got["mixed"]
+    adv = [
+        [a for a, m in zip(row, mask, strict=True) if m]
+        for row, mask in zip(mixed["advantages"], mixed["loss_mask"], strict=True)
+    ]
+    assert adv[0] == pytest.approx([0.5, 0.5]) and adv[1] == pytest.approx([-0.5, -0.5]) and adv[2] == []
+    assert not any(mixed["advantages"][2])
+
     # The untrained model calls the tool in about half of its rollouts: none in 10 would most likely mean
     # the prompt or the parser broke.
     assert multi > 0

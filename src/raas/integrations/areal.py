@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import uuid
+import weakref
 from collections import deque
 from typing import Any
 
@@ -27,8 +28,11 @@ from raas.integrations.samples import RaasSampler, Rollout, urls_from
 
 log = logging.getLogger(__name__)
 
-# One sampler and one registration state per event loop (AReaL's executor runs episodes on its own loop).
-_state: dict[tuple[tuple[str, ...], int], _Registration] = {}
+# One sampler and one registration state per event loop and raas (AReaL's executor runs episodes on a loop
+# of its own); dropped with their loop.
+_state: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, ...], _Registration]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class _Registration:
@@ -111,11 +115,11 @@ class RaasWorkflow(RolloutWorkflow):
         self.rejected = 0
 
     def _registration(self) -> _Registration:
-        urls = urls_from(self.raas_url)
-        key = (tuple(urls), id(asyncio.get_running_loop()))
-        reg = _state.get(key)
+        urls = tuple(urls_from(self.raas_url))
+        registrations = _state.setdefault(asyncio.get_running_loop(), {})
+        reg = registrations.get(urls)
         if reg is None:
-            reg = _state[key] = _Registration(RaasSampler(urls))
+            reg = registrations[urls] = _Registration(RaasSampler(list(urls)))
         return reg
 
     async def _sync_servers(self, reg: _Registration, engine: Any) -> None:

@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -245,3 +246,24 @@ def normalize_address(address: str) -> str:
     """``host:port`` (how verl and SkyRL name their servers) as the URL raas registers."""
     address = address.strip().rstrip("/")
     return address if "://" in address else f"http://{address}"
+
+
+_per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[Any, ...], RaasSampler]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_sampler(
+    urls: str | Sequence[str] | None, *, max_resubmits: int = 2, job_timeout_s: float | None = None
+) -> RaasSampler:
+    """The sampler for these settings on the running event loop. Trainers build a plugin object per sample
+    (verl's agent loops) or run each batch under a fresh ``asyncio.run`` (SkyRL), and an HTTP client
+    belongs to one loop: one sampler per loop and settings, dropped with its loop."""
+    loop = asyncio.get_running_loop()
+    samplers = _per_loop.setdefault(loop, {})
+    key = (tuple(urls_from(urls)), max_resubmits, job_timeout_s)
+    sampler = samplers.get(key)
+    if sampler is None:
+        sampler = RaasSampler(list(key[0]), max_resubmits=max_resubmits, job_timeout_s=job_timeout_s)
+        samplers[key] = sampler
+    return sampler

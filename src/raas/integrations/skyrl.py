@@ -29,7 +29,7 @@ from typing import Any
 from skyrl_train.generators.base import GeneratorInput, GeneratorInterface, GeneratorOutput
 
 from raas.errors import RaasError
-from raas.integrations.samples import RaasSampler, Rollout
+from raas.integrations.samples import RaasSampler, Rollout, shared_sampler
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +132,6 @@ class RaasGenerator(GeneratorInterface):
             "max_resubmits": int(gen.get("raas_max_resubmits", 2)),
             "job_timeout_s": gen.get("raas_job_timeout_s"),
         }
-        self._sampler: RaasSampler | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._registered: tuple[tuple[str, ...], str | None] | None = None
         self._nonce = uuid.uuid4().hex[:8]
         self.last_job_ids: list[str] = []
@@ -145,20 +143,16 @@ class RaasGenerator(GeneratorInterface):
                 return int(token)
         return 0
 
-    async def _sampler_here(self) -> RaasSampler:
+    def _sampler(self) -> RaasSampler:
         """SkyRL runs each ``generate`` under its own ``asyncio.run``: one HTTP client per event loop."""
-        loop = asyncio.get_running_loop()
-        if self._sampler is None or self._loop is not loop:
-            self._sampler = RaasSampler(
-                self._options["urls"],
-                max_resubmits=self._options["max_resubmits"],
-                job_timeout_s=self._options["job_timeout_s"],
-            )
-            self._loop = loop
-        return self._sampler
+        return shared_sampler(
+            self._options["urls"],
+            max_resubmits=self._options["max_resubmits"],
+            job_timeout_s=self._options["job_timeout_s"],
+        )
 
     async def generate(self, input_batch: GeneratorInput) -> GeneratorOutput:
-        sampler = await self._sampler_here()
+        sampler = self._sampler()
         meta = input_batch.get("batch_metadata")
         version = str(meta.global_step) if meta is not None else None
         servers = tuple(engine_addresses(self.cfg, self.inference_engine_client))

@@ -31,15 +31,12 @@ from verl.trainer.ppo.core_algos import register_adv_est
 from verl.utils.ray_utils import auto_await
 
 from raas.errors import RaasError
-from raas.integrations.samples import RaasSampler, Rollout, normalize_address, urls_from
+from raas.integrations.samples import RaasSampler, Rollout, normalize_address, shared_sampler, urls_from
 from raas.integrations.verl_data import AGENT_NAME, instance_of, sampling_params_from
 
 log = logging.getLogger(__name__)
 
 ADV_ESTIMATOR = "raas_grpo"
-
-# One sampler per worker process and event loop: verl builds an agent loop object per sample.
-_samplers: dict[tuple[tuple[str, ...], int, int, float | None], RaasSampler] = {}
 
 
 def _version_steps(versions: list[str]) -> list[int]:
@@ -133,16 +130,9 @@ class RaasAgentLoop(AgentLoopBase):
         return 0
 
     def _sampler(self) -> RaasSampler:
-        import asyncio
-
-        key = (self.raas_urls, id(asyncio.get_running_loop()), self.max_resubmits, self.job_timeout_s)
-        sampler = _samplers.get(key)
-        if sampler is None:
-            sampler = RaasSampler(
-                list(self.raas_urls), max_resubmits=self.max_resubmits, job_timeout_s=self.job_timeout_s
-            )
-            _samplers[key] = sampler
-        return sampler
+        return shared_sampler(
+            self.raas_urls, max_resubmits=self.max_resubmits, job_timeout_s=self.job_timeout_s
+        )
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         instance = instance_of(kwargs)

@@ -9,7 +9,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="raas: Rollou
 
 def _mount() -> None:
     """Attach the commands; a layer owns its own ``cli.py``."""
-    from raas.cli import run, serve, status, swe_cmd, train
+    from raas.cli import run, serve, status, swe_cmd, train, view
     from raas.cli.cluster import cluster_app
     from raas.llm.cli import llm_app, tokenizer_app
     from raas.sandbox.cli import image_app
@@ -20,6 +20,7 @@ def _mount() -> None:
     app.command()(serve.serve)
     app.command()(status.status)
     app.command()(train.train)
+    app.command()(view.view)
     app.add_typer(image_app, name="image", help="Build sandbox images.")
     app.add_typer(llm_app, name="llm", help="The embedded model server and LLM utilities.")
     app.add_typer(tokenizer_app, name="tokenizer", help="Chat-template checks.")

@@ -1,0 +1,115 @@
+"""The trajectory inspector: a job list and a job page (conversation, timings, EVAL report, failure, token
+view), in the dashboard's page family: plain HTML + JS from package data, the dashboard's CSP, every string
+from a job put into the page as text, never as markup.
+
+Routes (all ``GET``, under the dashboard's path so the dashboard's auth covers them):
+
+* ``/dashboard/jobs`` — the list page; ``/dashboard/jobs/{job_id}`` — a job's page;
+* ``/dashboard/api/jobs`` — a page of the list as JSON (``status``, ``outcome``, ``data_source``, ``q``,
+  ``min_reward``, ``max_reward``, ``weight_version``, ``group``, ``offset``, ``limit``);
+* ``/dashboard/api/jobs/{job_id}`` — the job page's data; ``.../raw`` — the result as the API returns it.
+
+``raas view results.jsonl`` serves these routes for a results file with no service running
+(:class:`~raas.api.inspector_data.FileJobs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from importlib import resources
+from typing import Any, Protocol
+
+from fastapi import APIRouter, FastAPI, Query
+from fastapi.responses import JSONResponse, Response
+
+from raas.api.dashboard import DASHBOARD_PATH, PAGE_HEADERS
+from raas.api.errors import error_body
+from raas.api.inspector_data import JobQuery, job_detail
+from raas.core.jobs import JobResult
+
+JOBS_PATH = DASHBOARD_PATH + "/jobs"
+API_PATH = DASHBOARD_PATH + "/api/jobs"
+_PAGES = {"list": "jobs.html", "job": "job.html"}
+STATIC_PATH = DASHBOARD_PATH + "/inspector"
+"""The inspector's script and stylesheet (beside the dashboard's own ``/dashboard/static``)."""
+STATIC = ("inspector.js", "inspector.css")
+
+
+class JobsSource(Protocol):
+    """Where the inspector reads jobs: a results file now, the service's ledger likewise."""
+
+    def page(self, q: JobQuery) -> dict[str, Any]: ...
+
+    def get(self, job_id: str) -> JobResult | None: ...
+
+
+def _static(name: str) -> bytes:
+    return resources.files("raas.api").joinpath("static", name).read_bytes()
+
+
+def _page(name: str) -> Response:
+    return Response(_static(name), media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
+
+
+def install(app: FastAPI, source: JobsSource, decode: Callable[[Sequence[int]], str] | None = None) -> None:
+    """Add the inspector's routes; ``decode`` turns token ids into text (the policy's tokenizer): without it
+    the job page has no token view."""
+    router = APIRouter()
+
+    @router.get(JOBS_PATH, include_in_schema=False)
+    async def jobs_page() -> Response:
+        return _page(_PAGES["list"])
+
+    @router.get(JOBS_PATH + "/{job_id}", include_in_schema=False)
+    async def job_page(job_id: str) -> Response:
+        return _page(_PAGES["job"])
+
+    @router.get(API_PATH, include_in_schema=False)
+    async def jobs(
+        status: str | None = None,
+        outcome: str | None = None,
+        data_source: str | None = None,
+        q: str | None = None,
+        min_reward: float | None = None,
+        max_reward: float | None = None,
+        weight_version: str | None = None,
+        group: str | None = None,
+        offset: int = Query(0, ge=0),
+        limit: int = Query(50, ge=1, le=500),
+    ) -> JSONResponse:
+        query = JobQuery(
+            status=status or None,
+            outcome=outcome or None,
+            data_source=data_source or None,
+            text=q or None,
+            min_reward=min_reward,
+            max_reward=max_reward,
+            weight_version=weight_version or None,
+            group=group or None,
+            offset=offset,
+            limit=limit,
+        )
+        return JSONResponse(source.page(query), headers={"Cache-Control": "no-store"})
+
+    @router.get(API_PATH + "/{job_id}", include_in_schema=False)
+    async def job(job_id: str) -> JSONResponse:
+        result = source.get(job_id)
+        if result is None:
+            return JSONResponse(error_body("not_found", f"no job {job_id}"), status_code=404)
+        return JSONResponse(job_detail(result, decode), headers={"Cache-Control": "no-store"})
+
+    @router.get(API_PATH + "/{job_id}/raw", include_in_schema=False)
+    async def raw(job_id: str) -> JSONResponse:
+        result = source.get(job_id)
+        if result is None:
+            return JSONResponse(error_body("not_found", f"no job {job_id}"), status_code=404)
+        return JSONResponse(result.model_dump(mode="json"), headers={"Cache-Control": "no-store"})
+
+    for name in STATIC:
+        media = "text/javascript; charset=utf-8" if name.endswith(".js") else "text/css; charset=utf-8"
+
+        def serve(name: str = name, media: str = media) -> Response:
+            return Response(_static(name), media_type=media, headers={"X-Content-Type-Options": "nosniff"})
+
+        router.add_api_route(f"{STATIC_PATH}/{name}", serve, methods=["GET"], include_in_schema=False)
+    app.include_router(router)

@@ -1,0 +1,217 @@
+"""What the trajectory inspector shows, computed once on the server: a job's list row, and its token view.
+
+Why on the server: the page then needs no tokenizer and does no arithmetic on token streams; it only puts
+strings into text nodes. The token view walks the turns the way the agent loop built the trajectory
+(turn 0's output, then per later turn the environment's delta and the sampled output), so each token
+carries its turn, weight version, segment, loss mask and logprob.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raas.core.jobs import JobResult
+from raas.errors import RaasError
+
+MAX_VIEW_TOKENS = 20_000
+"""Tokens shown in one token view (the rest is counted, not listed): a page stays usable for a 5 MB
+observation."""
+
+MAX_TEXT_CHARS = 200_000
+"""Characters of one message shown on the job page (the rest is cut, and the cut is said)."""
+
+
+@dataclass(frozen=True)
+class JobQuery:
+    """A page of the job list: every filter optional, ``text`` matched in the id and the instance."""
+
+    status: str | None = None
+    outcome: str | None = None  # "resolved" | "unresolved" | "filtered"
+    data_source: str | None = None
+    text: str | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    weight_version: str | None = None
+    group: str | None = None
+    offset: int = 0
+    limit: int = 50
+
+
+@dataclass
+class JobRow:
+    """One job in the list."""
+
+    job_id: str
+    status: str
+    data_source: str | None
+    instance_id: str | None
+    group_id: str | None
+    trajectory_id: str | None
+    reward: float | None
+    resolved: bool | None
+    filtered: bool
+    turns: int
+    weight_versions: list[str] = field(default_factory=list)
+    total_s: float = 0.0
+    error: str | None = None
+
+    def outcome(self) -> str:
+        if self.filtered:
+            return "filtered"
+        return "resolved" if self.resolved or (self.reward or 0.0) >= 1.0 else "unresolved"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "outcome": self.outcome()}
+
+
+def group_of(job_id: str, result: JobResult) -> str | None:
+    """The GRPO group of a job: the instance's ``group_id`` when the request had one (the trainer's
+    clients use ``<group>.<trajectory>.<attempt>`` job ids), else None."""
+    parts = job_id.rsplit(".", 2)
+    return parts[0] if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() else None
+
+
+def row_of(result: JobResult, data_source: str | None = None) -> JobRow:
+    versions = sorted({t.weight_version for t in result.turns if t.weight_version is not None})
+    return JobRow(
+        job_id=result.job_id,
+        status=str(result.status),
+        data_source=data_source,
+        instance_id=result.instance_id,
+        group_id=group_of(result.job_id, result),
+        trajectory_id=result.trajectory_id,
+        reward=result.reward,
+        resolved=result.resolved,
+        filtered=bool(result.filter),
+        turns=len(result.turns),
+        weight_versions=versions,
+        total_s=result.timing.total_s,
+        error=f"{result.error.stage}/{result.error.kind}: {result.error.message}" if result.error else None,
+    )
+
+
+def matches(row: JobRow, q: JobQuery) -> bool:
+    if q.status and row.status != q.status:
+        return False
+    if q.outcome and row.outcome() != q.outcome:
+        return False
+    if q.data_source and row.data_source != q.data_source:
+        return False
+    if q.group and row.group_id != q.group:
+        return False
+    if q.weight_version and q.weight_version not in row.weight_versions:
+        return False
+    if q.min_reward is not None and (row.reward is None or row.reward < q.min_reward):
+        return False
+    if q.max_reward is not None and (row.reward is None or row.reward > q.max_reward):
+        return False
+    if q.text:
+        needle = q.text.lower()
+        if needle not in row.job_id.lower() and needle not in (row.instance_id or "").lower():
+            return False
+    return True
+
+
+class FileJobs:
+    """The jobs of a results file (``raas run -o``'s ``results.jsonl``: one ``JobResult`` per line), read
+    once into memory. A line that is not a result is an error naming the line: the file is not a results
+    file, and guessing would show the wrong thing."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.results: dict[str, JobResult] = {}
+        self.rows: list[JobRow] = []
+        with path.open(encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    body = json.loads(line)
+                    result = JobResult.model_validate(body)
+                except ValueError as exc:
+                    raise RaasError(
+                        f"{path}:{n} is not a raas job result: {exc}", kind="bad_request"
+                    ) from exc
+                source = body.get("data_source") or (body.get("artifacts") or {}).get("data_source")
+                self.results[result.job_id] = result
+                self.rows.append(row_of(result, str(source) if source else None))
+
+    def page(self, q: JobQuery) -> dict[str, Any]:
+        hits = [r for r in self.rows if matches(r, q)]
+        chosen = hits[q.offset : q.offset + q.limit]
+        return {"total": len(hits), "offset": q.offset, "jobs": [r.as_dict() for r in chosen]}
+
+    def get(self, job_id: str) -> JobResult | None:
+        return self.results.get(job_id)
+
+
+def _cut(text: str) -> dict[str, Any]:
+    if len(text) <= MAX_TEXT_CHARS:
+        return {"text": text, "cut": 0}
+    return {"text": text[:MAX_TEXT_CHARS], "cut": len(text) - MAX_TEXT_CHARS}
+
+
+def conversation(result: JobResult) -> list[dict[str, Any]]:
+    """The messages turn by turn: role, text (cut beyond :data:`MAX_TEXT_CHARS`), tool calls with their
+    arguments, the tool a message answers."""
+    out = []
+    for m in result.messages:
+        calls = [{"name": c.name, "arguments": c.arguments} for c in (m.tool_calls or [])]
+        out.append({"role": m.role, **_cut(m.content), "tool_calls": calls, "name": m.name})
+    return out
+
+
+def token_view(result: JobResult, decode: Callable[[Sequence[int]], str]) -> dict[str, Any]:
+    """Every token of the trajectory as ``[text, mask, logprob, turn]`` (``mask`` 1 = sampled and trained
+    on; ``turn`` -1 for the prompt), with the counts and each turn's weight version and segment."""
+    tt = result.token_trajectory
+    owners: list[int] = []
+    for k, turn in enumerate(result.turns):
+        if turn.segment != result.turns[0].segment:
+            break  # later segments are other token sequences: shown by their turns, not here
+        if k > 0:
+            owners += [k] * len(turn.prompt_ids)
+        owners += [k] * len(turn.output_ids)
+    if len(owners) != len(tt.response_ids):
+        owners = [-2] * len(tt.response_ids)  # turns and trajectory disagree: show the tokens unowned
+    ids: Iterable[tuple[int, int, float | None, int]] = [
+        *((t, 0, None, -1) for t in tt.prompt_ids),
+        *zip(tt.response_ids, tt.loss_mask, tt.logprobs, owners, strict=True),
+    ]
+    rows = list(ids)
+    shown = rows[:MAX_VIEW_TOKENS]
+    return {
+        "tokens": [[decode([t]), m, lp, turn] for t, m, lp, turn in shown],
+        "total": len(rows),
+        "shown": len(shown),
+        "prompt": len(tt.prompt_ids),
+        "sampled": sum(tt.loss_mask),
+        "masked": len(tt.loss_mask) - sum(tt.loss_mask),
+        "turns": [
+            {
+                "index": t.index,
+                "weight_version": t.weight_version,
+                "segment": t.segment,
+                "finish": t.finish_reason,
+            }
+            for t in result.turns
+        ],
+        "segments": len(result.segments) or 1,
+    }
+
+
+def job_detail(result: JobResult, decode: Callable[[Sequence[int]], str] | None) -> dict[str, Any]:
+    """The job page's data: list row, timings, failure, EVAL artifacts, conversation, token view."""
+    row = row_of(result)
+    return {
+        "row": row.as_dict(),
+        "timing": result.timing.model_dump(),
+        "error": result.error.model_dump() if result.error else None,
+        "artifacts": result.artifacts,
+        "messages": conversation(result),
+        "tokens": token_view(result, decode) if decode is not None else None,
+    }

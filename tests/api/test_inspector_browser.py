@@ -1,0 +1,167 @@
+"""The trajectory inspector in a real headless Chromium (as the dashboard's browser test): ``raas view``'s
+app on a results file — list → filter → open a job → the token view shows the right counts of sampled and
+masked tokens of a known multi-turn result; and a result whose model and tool output carry markup
+(``<script>``, ``<img onerror>``, a ``javascript:`` link) and a 5 MB observation is shown as text, with
+no script run, no dialog, no element made from it."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from raas.api import inspector
+from raas.api.inspector_data import FileJobs
+from raas.core.jobs import ErrorInfo, JobResult
+from raas.core.trajectory import Message, ToolCall
+from tests.api import test_dashboard_browser as dashboard_browser
+from tests.trainer.test_grpo import result
+
+pytestmark = pytest.mark.e2e
+
+browser_page = dashboard_browser.browser_page  # the dashboard test's headless Chromium (a fixture)
+WAIT_MS = dashboard_browser.WAIT_MS
+
+ATTACK = '<script>alert("x")</script><img src=x onerror="alert(1)"><a href="javascript:alert(2)">click</a>'
+
+
+def decode(ids: list[int]) -> str:
+    return f"<b>{ids[0]}</b>" if ids[0] == 7 else f"[{ids[0]}]"  # markup in a decoded token too
+
+
+def results(tmp_path: Path) -> Path:
+    known = result("grp.0.0", 1.0, [1, 2, 3], [([5, 6], "0"), ([7, 8, 10], "1")], obs=[9, 9, 9, 9])
+    known.messages = [
+        Message(role="user", content="what is in answer.txt?"),
+        Message(
+            role="assistant",
+            content="",
+            tool_calls=[ToolCall(id="c1", name="bash", arguments={"command": "cat answer.txt"})],
+        ),
+        Message(role="tool", content="1721", tool_call_id="c1"),
+        Message(role="assistant", content="1721"),
+    ]
+    hostile = result("grp.1.0", 0.0, [1], [([5], "0"), ([6], "0")])
+    hostile.messages = [
+        Message(
+            role="assistant",
+            content=ATTACK,
+            tool_calls=[ToolCall(id="c", name="bash", arguments={"command": ATTACK})],
+        ),
+        Message(role="tool", content=ATTACK + "y" * 5_000_000, tool_call_id="c"),
+    ]
+    hostile.artifacts = {"git_patch": ATTACK}
+    failed = JobResult(
+        job_id="other.0.0",
+        status="failed",
+        filter=True,
+        error=ErrorInfo(stage="init", kind="sandbox_start", message=ATTACK),
+    )
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(r.model_dump_json() + "\n" for r in (known, hostile, failed)))
+    return path
+
+
+@pytest.fixture
+async def viewer(tmp_path: Path) -> AsyncIterator[str]:
+    """``raas view``'s app (the inspector on a results file) on a free loopback port."""
+    app = FastAPI()
+    inspector.install(app, FileJobs(results(tmp_path)), decode)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            assert not task.done()
+            await asyncio.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+async def rows_are(page: Any, n: int) -> None:
+    """The list shows ``n`` jobs (waited for without evaluating a script: the page's CSP forbids eval)."""
+    from playwright.async_api import expect
+
+    await expect(page.locator("#jobs tbody tr.job-row")).to_have_count(n, timeout=WAIT_MS)
+
+
+async def test_list_filter_open_and_the_token_view_counts(
+    viewer: str, browser_page: tuple[Any, list[str]]
+) -> None:
+    page, problems = browser_page
+    await page.goto(f"{viewer}/dashboard/jobs")
+    await page.wait_for_selector("#jobs tbody tr.job-row", timeout=WAIT_MS)
+    assert await page.locator("#jobs tbody tr.job-row").count() == 3
+    await page.select_option("select[name=status]", "failed")
+    await page.click("#apply")
+    await page.wait_for_function(
+        "document.querySelectorAll('#jobs tbody tr.job-row').length === 1", timeout=WAIT_MS
+    )
+    assert await page.text_content("#jobs tbody tr td:first-child") == "other.0.0"
+    await page.select_option("select[name=status]", "")
+    await page.fill("input[name=group]", "grp")
+    await page.click("#apply")
+    await page.wait_for_function(
+        "document.querySelectorAll('#jobs tbody tr.job-row').length === 2", timeout=WAIT_MS
+    )
+    assert "group=grp" in page.url  # the filter is in the page's address, to share or reload
+
+    await page.click("text=grp.0.0")
+    await page.wait_for_selector("#tokens .tok", timeout=WAIT_MS)
+    # prompt 3 tokens; response: turn 0's 2 sampled, 4 observation tokens, turn 1's 3 sampled
+    assert await page.locator("#tokens .tok.m1").count() == 5
+    assert await page.locator("#tokens .tok.m0").count() == 3 + 4
+    assert await page.text_content("#token-counts") == "3 prompt, 5 sampled, 4 masked response tokens"
+    assert await page.locator("#tokens .tok.turn-start").count() == 2
+    assert "version 0" in await page.text_content("#turns") and "version 1" in await page.text_content(
+        "#turns"
+    )
+    assert await page.text_content("#tokens .tok[data-turn='1'].m1 >> nth=0") == "<b>7</b>"  # text, not bold
+    assert await page.locator("#tokens b").count() == 0
+    assert await page.locator("#messages .msg").count() == 4
+    assert "cat answer.txt" in await page.text_content("#messages .msg.assistant .call")
+    raw = await page.get_attribute("#raw", "href")
+    assert raw == "/dashboard/api/jobs/grp.0.0/raw"
+    assert problems == []
+
+
+async def test_markup_in_a_rollout_is_shown_as_text_never_run(
+    viewer: str, browser_page: tuple[Any, list[str]]
+) -> None:
+    page, problems = browser_page
+    await page.goto(f"{viewer}/dashboard/jobs/grp.1.0")
+    await page.wait_for_selector("#messages .msg.tool", timeout=WAIT_MS)
+    assistant = await page.text_content("#messages .msg.assistant pre")
+    assert assistant == ATTACK
+    tool = page.locator("#messages .msg.tool")
+    assert (await tool.locator("pre").text_content()).startswith(ATTACK)
+    assert "more characters not shown" in await tool.locator(".cut").text_content()  # 5 MB: cut, said
+    assert await page.text_content("#eval .artifact pre") == ATTACK  # the patch as it is
+    for selector in (
+        "main script",
+        "main img",
+        "main a[href^='javascript']",
+        "#messages a",
+        "#eval img, #eval script, #eval a",
+    ):
+        assert await page.locator(selector).count() == 0, selector
+
+    await page.goto(f"{viewer}/dashboard/jobs?status=failed")
+    await page.wait_for_selector("#jobs tbody tr.job-row", timeout=WAIT_MS)
+    assert ATTACK in await page.text_content("#jobs td.failure")
+    assert await page.locator("#jobs img, #jobs script").count() == 0
+    await page.goto(f"{viewer}/dashboard/jobs/other.0.0")
+    await page.wait_for_selector("#failure-box:not([hidden])", timeout=WAIT_MS)
+    assert ATTACK in await page.text_content("#failure")
+    await asyncio.sleep(0.5)  # any handler markup could have planted would have fired by now
+    assert problems == []

@@ -45,7 +45,7 @@ async def test_areals_own_executor_batches_raas_trajectories_exactly(stack: Stac
             {"raas_instance": json.dumps(inst), "raas_group_id": f"areal-g{i}"}
             for i, inst in enumerate(instances[:PROMPTS])
         ],
-        "filtered": [{"raas_instance": json.dumps(instances[-1]), "raas_group_id": "areal-tight"}],
+        "filtered": [{"raas_instance": json.dumps(instances[-1])}],  # its group named by the workflow
     }
     data = tmp_path / "items.json"
     data.write_text(json.dumps(items))
@@ -69,7 +69,7 @@ async def test_areals_own_executor_batches_raas_trajectories_exactly(stack: Stac
     tight: list[JobResult] = []
     for job_id in got["jobs"]:
         r = await stack.result(job_id)
-        (tight if job_id.startswith("areal-tight.") else jobs).append(r)
+        (jobs if job_id.startswith("areal-g") else tight).append(r)
     assert len(jobs) == PROMPTS * GROUP + 1
 
     def take(ids: tuple[int, ...]) -> JobResult:

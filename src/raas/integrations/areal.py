@@ -13,6 +13,7 @@ is AReaL's own way to reject a sample: the executor drops it and never trains on
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import uuid
@@ -58,6 +59,10 @@ class _Registration:
         return index
 
 
+def _digest(instance: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(instance, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def token_versions(rollout: Rollout) -> list[int]:
     """AReaL's ``versions`` for the response: each sampled token carries the weight version of the turn
     that sampled it, every other token -1."""
@@ -98,8 +103,8 @@ class RaasWorkflow(RolloutWorkflow):
     """Each episode is a raas job. ``workflow_kwargs``: ``raas_url`` (else ``$RAAS_URL``),
     ``sampling_params`` (raas's: temperature, top_p, ...), ``max_resubmits`` (a filtered sample is run
     again this many times before it is rejected), ``job_timeout_s``. The data item carries the raas
-    instance as ``raas_instance`` (a dict or its JSON); ``raas_group_id`` names its GRPO group (else one
-    is made per data item)."""
+    instance as ``raas_instance`` (a dict or its JSON); ``raas_group_id`` names its GRPO group (else the
+    instance's digest does: the samples AReaL runs for one data item form one group)."""
 
     def __init__(
         self,
@@ -142,7 +147,8 @@ class RaasWorkflow(RolloutWorkflow):
             raise RaasError("the AReaL data item has no raas_instance", kind="bad_request")
         reg = self._registration()
         await self._sync_servers(reg, engine)
-        group_id = str(data.get("raas_group_id") or f"areal-{uuid.uuid4().hex[:12]}-{id(data):x}")
+        # GroupedRolloutWorkflow runs one data item n times: its samples share a group, named by the item
+        group_id = str(data.get("raas_group_id") or f"areal-{reg.nonce}-{_digest(instance)}")
         index = reg.next_index(group_id)
         rollout = await reg.sampler.run(
             instance,

@@ -72,7 +72,7 @@ def results(tmp_path: Path) -> Path:
 async def viewer(tmp_path: Path) -> AsyncIterator[str]:
     """``raas view``'s app (the inspector on a results file) on a free loopback port."""
     app = FastAPI()
-    inspector.install(app, FileJobs(results(tmp_path)), decode)
+    inspector.install(app, FileJobs(results(tmp_path)), lambda: decode)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))

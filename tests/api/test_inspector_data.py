@@ -44,19 +44,22 @@ def sample_results() -> list[JobResult]:
     return [*out, failed]
 
 
-def test_the_list_filters_and_pages(tmp_path: Path) -> None:
+async def test_the_list_filters_and_pages(tmp_path: Path) -> None:
     jobs = FileJobs(results_file(tmp_path, sample_results()))
-    assert jobs.page(JobQuery())["total"] == 4
-    assert [j["job_id"] for j in jobs.page(JobQuery(group="g1"))["jobs"]] == ["g1.0.0", "g1.1.0"]
-    assert [j["job_id"] for j in jobs.page(JobQuery(outcome="filtered"))["jobs"]] == ["lone"]
-    assert [j["job_id"] for j in jobs.page(JobQuery(status="failed"))["jobs"]] == ["lone"]
-    assert [j["job_id"] for j in jobs.page(JobQuery(min_reward=0.5))["jobs"]] == ["g1.0.0", "g2.0.0"]
-    assert [j["job_id"] for j in jobs.page(JobQuery(max_reward=0.4))["jobs"]] == ["g1.1.0"]
-    assert [j["job_id"] for j in jobs.page(JobQuery(weight_version="1"))["jobs"]] == ["g1.0.0", "g2.0.0"]
-    assert [j["job_id"] for j in jobs.page(JobQuery(text="LONE"))["jobs"]] == ["lone"]
-    page = jobs.page(JobQuery(offset=1, limit=2))
+    assert (await jobs.page(JobQuery()))["total"] == 4
+    assert [j["job_id"] for j in (await jobs.page(JobQuery(group="g1")))["jobs"]] == ["g1.0.0", "g1.1.0"]
+    assert [j["job_id"] for j in (await jobs.page(JobQuery(outcome="filtered")))["jobs"]] == ["lone"]
+    assert [j["job_id"] for j in (await jobs.page(JobQuery(status="failed")))["jobs"]] == ["lone"]
+    assert [j["job_id"] for j in (await jobs.page(JobQuery(min_reward=0.5)))["jobs"]] == ["g1.0.0", "g2.0.0"]
+    assert [j["job_id"] for j in (await jobs.page(JobQuery(max_reward=0.4)))["jobs"]] == ["g1.1.0"]
+    assert [j["job_id"] for j in (await jobs.page(JobQuery(weight_version="1")))["jobs"]] == [
+        "g1.0.0",
+        "g2.0.0",
+    ]
+    assert [j["job_id"] for j in (await jobs.page(JobQuery(text="LONE")))["jobs"]] == ["lone"]
+    page = await jobs.page(JobQuery(offset=1, limit=2))
     assert page["total"] == 4 and [j["job_id"] for j in page["jobs"]] == ["g1.1.0", "g2.0.0"]
-    lone = jobs.page(JobQuery(text="lone"))["jobs"][0]
+    lone = (await jobs.page(JobQuery(text="lone")))["jobs"][0]
     assert lone["error"] == "run/llm_timeout: no answer" and lone["group_id"] is None
 
 

@@ -79,6 +79,7 @@ class StageScriptHandler(TaskHandler):
                     finish_reason=str(res.finish_reason),
                     latency_s=res.latency_s,
                     server=res.server,
+                    weight_version=res.weight_version,  # stamped as the agent loop stamps it
                 )
             )
         await self._steps("run", job, env)

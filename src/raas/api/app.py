@@ -16,8 +16,9 @@ from fastapi import FastAPI
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from raas.api import dashboard, errors, native, prorl, rollouts
+from raas.api import dashboard, errors, inspector, native, prorl, rollouts
 from raas.api.dashboard_stats import ServiceStats
+from raas.api.inspector_data import LedgerJobs
 from raas.api.limits import HttpLimits, fit_to_fd_limit, guarded_protocol
 from raas.api.middleware import GuardMiddleware
 from raas.api.protocol import Served
@@ -60,6 +61,14 @@ def create_app(service: Served, *, manage_service: bool = True) -> FastAPI:
     app.mount("/gateway", _GatewayRoutes(service), name="gateway")
     cfg = service.config
     dashboard.install(app, stats, cfg.token)
+    ledger = getattr(service, "ledger", None)
+    if ledger is not None:  # a rollout service (a cluster router has no ledger of jobs)
+
+        def decoder() -> inspector.Decoder | None:
+            tokenizer = getattr(service, "tokenizer", None)
+            return tokenizer.decode if tokenizer is not None else None
+
+        inspector.install(app, LedgerJobs(ledger.path), decoder)
     app.add_middleware(
         GuardMiddleware,
         max_bytes=cfg.max_request_bytes,

@@ -38,9 +38,9 @@ STATIC = ("inspector.js", "inspector.css")
 class JobsSource(Protocol):
     """Where the inspector reads jobs: a results file now, the service's ledger likewise."""
 
-    def page(self, q: JobQuery) -> dict[str, Any]: ...
+    async def page(self, q: JobQuery) -> dict[str, Any]: ...
 
-    def get(self, job_id: str) -> JobResult | None: ...
+    async def get(self, job_id: str) -> JobResult | None: ...
 
 
 def _static(name: str) -> bytes:
@@ -51,8 +51,16 @@ def _page(name: str) -> Response:
     return Response(_static(name), media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
 
 
-def install(app: FastAPI, source: JobsSource, decode: Callable[[Sequence[int]], str] | None = None) -> None:
-    """Add the inspector's routes; ``decode`` turns token ids into text (the policy's tokenizer): without it
+Decoder = Callable[[Sequence[int]], str]
+
+
+def _no_decoder() -> Decoder | None:
+    return None
+
+
+def install(app: FastAPI, source: JobsSource, decoder: Callable[[], Decoder | None] = _no_decoder) -> None:
+    """Add the inspector's routes. ``decoder()`` gives what turns token ids into text (the policy's
+    tokenizer's ``decode``), asked per request (a service loads its tokenizer when it starts); without one
     the job page has no token view."""
     router = APIRouter()
 
@@ -89,18 +97,18 @@ def install(app: FastAPI, source: JobsSource, decode: Callable[[Sequence[int]], 
             offset=offset,
             limit=limit,
         )
-        return JSONResponse(source.page(query), headers={"Cache-Control": "no-store"})
+        return JSONResponse(await source.page(query), headers={"Cache-Control": "no-store"})
 
     @router.get(API_PATH + "/{job_id}", include_in_schema=False)
     async def job(job_id: str) -> JSONResponse:
-        result = source.get(job_id)
+        result = await source.get(job_id)
         if result is None:
             return JSONResponse(error_body("not_found", f"no job {job_id}"), status_code=404)
-        return JSONResponse(job_detail(result, decode), headers={"Cache-Control": "no-store"})
+        return JSONResponse(job_detail(result, decoder()), headers={"Cache-Control": "no-store"})
 
     @router.get(API_PATH + "/{job_id}/raw", include_in_schema=False)
     async def raw(job_id: str) -> JSONResponse:
-        result = source.get(job_id)
+        result = await source.get(job_id)
         if result is None:
             return JSONResponse(error_body("not_found", f"no job {job_id}"), status_code=404)
         return JSONResponse(result.model_dump(mode="json"), headers={"Cache-Control": "no-store"})

@@ -16,6 +16,7 @@ from typing import Any
 
 from raas.core.jobs import JobResult
 from raas.errors import RaasError
+from raas.pipeline.ledger_search import LedgerSearch
 
 MAX_VIEW_TOKENS = 20_000
 """Tokens shown in one token view (the rest is counted, not listed): a page stays usable for a 5 MB
@@ -68,7 +69,7 @@ class JobRow:
         return {**self.__dict__, "outcome": self.outcome()}
 
 
-def group_of(job_id: str, result: JobResult) -> str | None:
+def group_of(job_id: str) -> str | None:
     """The GRPO group of a job: the instance's ``group_id`` when the request had one (the trainer's
     clients use ``<group>.<trajectory>.<attempt>`` job ids), else None."""
     parts = job_id.rsplit(".", 2)
@@ -82,7 +83,7 @@ def row_of(result: JobResult, data_source: str | None = None) -> JobRow:
         status=str(result.status),
         data_source=data_source,
         instance_id=result.instance_id,
-        group_id=group_of(result.job_id, result),
+        group_id=group_of(result.job_id),
         trajectory_id=result.trajectory_id,
         reward=result.reward,
         resolved=result.resolved,
@@ -140,13 +141,69 @@ class FileJobs:
                 self.results[result.job_id] = result
                 self.rows.append(row_of(result, str(source) if source else None))
 
-    def page(self, q: JobQuery) -> dict[str, Any]:
+    async def page(self, q: JobQuery) -> dict[str, Any]:
         hits = [r for r in self.rows if matches(r, q)]
         chosen = hits[q.offset : q.offset + q.limit]
         return {"total": len(hits), "offset": q.offset, "jobs": [r.as_dict() for r in chosen]}
 
-    def get(self, job_id: str) -> JobResult | None:
+    async def get(self, job_id: str) -> JobResult | None:
         return self.results.get(job_id)
+
+
+class LedgerJobs:
+    """The jobs of a running service's ledger (:class:`~raas.pipeline.ledger_search.LedgerSearch`): the
+    newest first, running ones included (without a result yet)."""
+
+    def __init__(self, ledger_path: Path) -> None:
+        self.search = LedgerSearch(ledger_path)
+
+    async def page(self, q: JobQuery) -> dict[str, Any]:
+        found = await self.search.page(
+            q.offset,
+            q.limit,
+            status=q.status,
+            outcome=q.outcome,
+            data_source=q.data_source,
+            text=q.text,
+            min_reward=q.min_reward,
+            max_reward=q.max_reward,
+            weight_version=q.weight_version,
+            group=q.group,
+        )
+        jobs = []
+        for job_id, status, source, instance_id, trajectory_id, result, error in found["rows"]:
+            if result:
+                row = row_of(JobResult.model_validate_json(result), source)
+            else:
+                row = JobRow(
+                    job_id=job_id,
+                    status=status,
+                    data_source=source,
+                    instance_id=instance_id,
+                    group_id=group_of(job_id),
+                    trajectory_id=trajectory_id,
+                    reward=None,
+                    resolved=None,
+                    filtered=False,
+                    turns=0,
+                    error=_error_text(error),
+                )
+            jobs.append(row.as_dict())
+        return {"total": found["total"], "offset": found["offset"], "jobs": jobs}
+
+    async def get(self, job_id: str) -> JobResult | None:
+        found = await self.search.get(job_id)
+        return None if found is None else found[0]
+
+
+def _error_text(error: str | None) -> str | None:
+    if not error:
+        return None
+    try:
+        e = json.loads(error)
+        return f"{e.get('stage')}/{e.get('kind')}: {e.get('message')}"
+    except (ValueError, AttributeError):
+        return str(error)
 
 
 def _cut(text: str) -> dict[str, Any]:

@@ -53,6 +53,7 @@ def view(
     except RaasError as exc:
         raise fail(exc) from exc
     app = FastAPI(title="raas view", docs_url=None, redoc_url=None, openapi_url=None)
-    inspector.install(app, jobs, tok.decode)
+    decode: inspector.Decoder = tok.decode
+    inspector.install(app, jobs, lambda: decode)
     console.print(f"{len(jobs.rows)} jobs from {path}: http://{host}:{port}{inspector.JOBS_PATH}")
     uvicorn.run(app, host=host, port=port, log_level="warning")

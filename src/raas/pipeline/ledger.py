@@ -33,6 +33,7 @@ from raas.core.jobs import TERMINAL, ErrorInfo, JobInfo, JobResult, JobStatus, T
 from raas.errors import RaasError
 from raas.pipeline import ledger_integrity as integrity
 from raas.pipeline.ledger_integrity import LedgerCorrupt
+from raas.pipeline.ledger_search import INDEXES
 
 __all__ = ["Ledger", "LedgerCorrupt", "LedgerJob", "Recovery"]
 
@@ -211,6 +212,7 @@ class Ledger:
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=5000")
             conn.executescript(_SCHEMA)
+            conn.executescript(INDEXES)  # the inspector's list (raas.pipeline.ledger_search)
             ledger_id = integrity.settle_identity(conn, self.path, identity)
             integrity.write_identity(self.path, ledger_id, open_=True)
         except BaseException:

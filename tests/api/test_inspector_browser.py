@@ -7,6 +7,7 @@ no script run, no dialog, no element made from it."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.e2e
 browser_page = dashboard_browser.browser_page  # the dashboard test's headless Chromium (a fixture)
 WAIT_MS = dashboard_browser.WAIT_MS
 
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
 ATTACK = '<script>alert("x")</script><img src=x onerror="alert(1)"><a href="javascript:alert(2)">click</a>'
 
 
@@ -133,6 +135,9 @@ async def test_list_filter_open_and_the_token_view_counts(
     raw = await page.get_attribute("#raw", "href")
     assert raw == "/dashboard/api/jobs/grp.0.0/raw"
     assert problems == []
+    if os.environ.get("RAAS_SCREENSHOTS"):  # docs/operations.md's pictures, made from this very page
+        await page.screenshot(path=str(DOCS_IMG / "inspector-job.png"), full_page=True)
+        await page.locator("#tokens-box").screenshot(path=str(DOCS_IMG / "inspector-tokens.png"))
 
 
 async def test_markup_in_a_rollout_is_shown_as_text_never_run(

@@ -48,12 +48,14 @@ def where(
     if status:
         clauses.append("status = ?")
         params.append(status)
+    # "+status" keeps SQLite off the status index where the reward index narrows far more (a completed
+    # job always has a reward: one EVAL could not score ends failed)
     if outcome == "filtered":
         clauses.append("status IN ('failed', 'timeout', 'cancelled')")
     elif outcome == "resolved":
-        clauses.append(f"status = 'completed' AND {_REWARD} >= 1")
+        clauses.append(f"{_REWARD} >= 1 AND +status = 'completed'")
     elif outcome == "unresolved":
-        clauses.append(f"status = 'completed' AND ({_REWARD} < 1 OR {_REWARD} IS NULL)")
+        clauses.append(f"{_REWARD} < 1 AND +status = 'completed'")
     if data_source:
         clauses.append("data_source = ?")
         params.append(data_source)

@@ -7,6 +7,7 @@ no script run, no dialog, no element made from it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from raas.api import inspector
+from raas.api import inspector, train_view
 from raas.api.inspector_data import FileJobs
 from raas.core.jobs import ErrorInfo, JobResult
 from raas.core.trajectory import Message, ToolCall
@@ -169,4 +170,61 @@ async def test_markup_in_a_rollout_is_shown_as_text_never_run(
     await page.wait_for_selector("#failure-box:not([hidden])", timeout=WAIT_MS)
     assert ATTACK in await page.text_content("#failure")
     await asyncio.sleep(0.5)  # any handler markup could have planted would have fired by now
+    assert problems == []
+
+
+@pytest.fixture
+async def train_viewer(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
+    """``raas view``'s training view on a ``train.jsonl`` the test writes as a run would."""
+    log = tmp_path / "train.jsonl"
+    app = FastAPI()
+    train_view.install(app, log)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            assert not task.done()
+            await asyncio.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", log
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+def step_row(step: int, reward: float) -> str:
+    row = {"kind": "step", "step": step, "reward_mean": reward, "informative_fraction": 0.5, "wait_s": 3.0,
+           "train_s": 2.0, "sync_s": 0.5, "logprob_abs_diff_mean": 0.0002, "rollouts": 16, "rss_mb": 2000.0}  # fmt: skip
+    return json.dumps(row) + "\n"
+
+
+async def test_the_training_view_follows_the_log_as_the_run_writes_it(
+    train_viewer: tuple[str, Path], browser_page: tuple[Any, list[str]]
+) -> None:
+    from playwright.async_api import expect
+
+    url, log = train_viewer
+    page, problems = browser_page
+    await page.goto(f"{url}/dashboard/train")  # before the run's first line: the page waits for it
+    await expect(page.locator("#state")).to_have_text("following", timeout=WAIT_MS)
+    log.write_text(json.dumps({"kind": "eval", "step": 0, "pass_rate": 0.25}) + "\n" + step_row(1, 0.1))
+    await expect(page.locator("#log tbody tr.log-row")).to_have_count(2, timeout=WAIT_MS)
+    with log.open("a") as f:
+        f.write(step_row(2, 0.4))
+        f.write('{"kind": "<img src=x onerror=alert(1)>", "step": 3')  # a line still being written
+    await expect(page.locator("#log tbody tr.log-row")).to_have_count(3, timeout=WAIT_MS)
+    with log.open("a") as f:
+        f.write(', "pass_rate": 0.5}\n')
+    await expect(page.locator("#log tbody tr.log-row")).to_have_count(4, timeout=WAIT_MS)
+    assert await page.text_content("#steps") == "2" and await page.text_content("#evals") == "1"
+    assert len((await page.get_attribute("#chart-reward polyline", "points")).split()) == 2
+    assert await page.text_content("#last-reward") == "0.400"
+    assert await page.locator("#chart-time polyline").count() == 3  # wait, train, sync
+    assert (
+        await page.text_content("#log tbody tr:first-child td:nth-child(2)") == "<img src=x onerror=alert(1)>"
+    )
+    assert await page.locator("main img").count() == 0
+    await asyncio.sleep(0.5)
     assert problems == []

@@ -32,7 +32,7 @@ API_PATH = DASHBOARD_PATH + "/api/jobs"
 _PAGES = {"list": "jobs.html", "job": "job.html"}
 STATIC_PATH = DASHBOARD_PATH + "/inspector"
 """The inspector's script and stylesheet (beside the dashboard's own ``/dashboard/static``)."""
-STATIC = ("inspector.js", "inspector.css")
+STATIC = ("inspector.js", "inspector.css", "train.js")
 
 
 class JobsSource(Protocol):
@@ -113,6 +113,16 @@ def install(app: FastAPI, source: JobsSource, decoder: Callable[[], Decoder | No
             return JSONResponse(error_body("not_found", f"no job {job_id}"), status_code=404)
         return JSONResponse(result.model_dump(mode="json"), headers={"Cache-Control": "no-store"})
 
+    app.include_router(router)
+    install_static(app)
+
+
+def install_static(app: FastAPI) -> None:
+    """The script and stylesheet of the inspector's pages (and the training view's), once per app."""
+    if getattr(app.state, "inspector_static", False):
+        return
+    app.state.inspector_static = True
+    router = APIRouter()
     for name in STATIC:
         media = "text/javascript; charset=utf-8" if name.endswith(".js") else "text/css; charset=utf-8"
 

@@ -107,16 +107,12 @@ async def test_list_filter_open_and_the_token_view_counts(
     assert await page.locator("#jobs tbody tr.job-row").count() == 3
     await page.select_option("select[name=status]", "failed")
     await page.click("#apply")
-    await page.wait_for_function(
-        "document.querySelectorAll('#jobs tbody tr.job-row').length === 1", timeout=WAIT_MS
-    )
+    await rows_are(page, 1)
     assert await page.text_content("#jobs tbody tr td:first-child") == "other.0.0"
     await page.select_option("select[name=status]", "")
     await page.fill("input[name=group]", "grp")
     await page.click("#apply")
-    await page.wait_for_function(
-        "document.querySelectorAll('#jobs tbody tr.job-row').length === 2", timeout=WAIT_MS
-    )
+    await rows_are(page, 2)
     assert "group=grp" in page.url  # the filter is in the page's address, to share or reload
 
     await page.click("text=grp.0.0")

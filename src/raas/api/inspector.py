@@ -36,7 +36,7 @@ STATIC = ("inspector.js", "inspector.css", "train.js")
 
 
 class JobsSource(Protocol):
-    """Where the inspector reads jobs: a results file now, the service's ledger likewise."""
+    """Where the inspector reads jobs: a results file (``FileJobs``) or a service's ledger (``LedgerJobs``)."""
 
     async def page(self, q: JobQuery) -> dict[str, Any]: ...
 
@@ -47,7 +47,8 @@ def _static(name: str) -> bytes:
     return resources.files("raas.api").joinpath("static", name).read_bytes()
 
 
-def _page(name: str) -> Response:
+def page_response(name: str) -> Response:
+    """A page of the inspector's family, with the dashboard's security headers."""
     return Response(_static(name), media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
 
 
@@ -66,11 +67,11 @@ def install(app: FastAPI, source: JobsSource, decoder: Callable[[], Decoder | No
 
     @router.get(JOBS_PATH, include_in_schema=False)
     async def jobs_page() -> Response:
-        return _page(_PAGES["list"])
+        return page_response(_PAGES["list"])
 
     @router.get(JOBS_PATH + "/{job_id}", include_in_schema=False)
     async def job_page(job_id: str) -> Response:
-        return _page(_PAGES["job"])
+        return page_response(_PAGES["job"])
 
     @router.get(API_PATH, include_in_schema=False)
     async def jobs(

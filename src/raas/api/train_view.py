@@ -22,7 +22,7 @@ from fastapi import APIRouter, FastAPI, Query
 from fastapi.responses import JSONResponse, Response
 
 from raas.api.dashboard import DASHBOARD_PATH
-from raas.api.inspector import _page, install_static
+from raas.api.inspector import install_static, page_response
 
 TRAIN_PATH = DASHBOARD_PATH + "/train"
 API_PATH = DASHBOARD_PATH + "/api/train"
@@ -71,7 +71,7 @@ def install(app: FastAPI, path: Path) -> TrainLogTail:
 
     @router.get(TRAIN_PATH, include_in_schema=False)
     async def page() -> Response:
-        return _page("train.html")
+        return page_response("train.html")
 
     @router.get(API_PATH, include_in_schema=False)
     def rows(after: int = Query(0, ge=0)) -> JSONResponse:  # a plain def: FastAPI runs it in its thread pool

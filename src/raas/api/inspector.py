@@ -15,6 +15,7 @@ Routes (all ``GET``, under the dashboard's path so the dashboard's auth covers t
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any, Protocol
@@ -105,7 +106,9 @@ def install(app: FastAPI, source: JobsSource, decoder: Callable[[], Decoder | No
         result = await source.get(job_id)
         if result is None:
             return JSONResponse(error_body("not_found", f"no job {job_id}"), status_code=404)
-        return JSONResponse(job_detail(result, decoder()), headers={"Cache-Control": "no-store"})
+        # decoding up to 20,000 tokens one by one: off the event loop
+        detail = await asyncio.to_thread(job_detail, result, decoder())
+        return JSONResponse(detail, headers={"Cache-Control": "no-store"})
 
     @router.get(API_PATH + "/{job_id}/raw", include_in_schema=False)
     async def raw(job_id: str) -> JSONResponse:

@@ -8,6 +8,7 @@ carries its turn, weight version, segment, loss mask and logprob.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -170,8 +171,14 @@ class LedgerJobs:
             weight_version=q.weight_version,
             group=q.group,
         )
+        # a page's results can be megabytes of JSON: parsed off the event loop
+        jobs = await asyncio.to_thread(self._rows, found["rows"])
+        return {"total": found["total"], "offset": found["offset"], "jobs": jobs}
+
+    @staticmethod
+    def _rows(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
         jobs = []
-        for job_id, status, source, instance_id, trajectory_id, result, error in found["rows"]:
+        for job_id, status, source, instance_id, trajectory_id, result, error in rows:
             if result:
                 row = row_of(JobResult.model_validate_json(result), source)
             else:
@@ -189,7 +196,7 @@ class LedgerJobs:
                     error=_error_text(error),
                 )
             jobs.append(row.as_dict())
-        return {"total": found["total"], "offset": found["offset"], "jobs": jobs}
+        return jobs
 
     async def get(self, job_id: str) -> JobResult | None:
         found = await self.search.get(job_id)

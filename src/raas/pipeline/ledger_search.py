@@ -113,21 +113,20 @@ class LedgerSearch:
         cond, params = where(**filters)
         return await asyncio.to_thread(self._page, cond, params, offset, limit)
 
-    def _get(self, job_id: str) -> tuple[str | None, str | None] | None:
+    def _get(self, job_id: str) -> tuple[JobResult | None, str | None] | None:
         conn = self._connect()
         try:
             row = conn.execute("SELECT result, data_source FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
         finally:
             conn.close()
-        return None if row is None else (row[0], row[1])
-
-    async def get(self, job_id: str) -> tuple[JobResult | None, str | None] | None:
-        """The finished job's result and data source; ``(None, source)`` while it runs; None if unknown."""
-        row = await asyncio.to_thread(self._get, job_id)
         if row is None:
             return None
-        result = JobResult.model_validate_json(row[0]) if row[0] else None
-        return result, row[1]
+        return (JobResult.model_validate_json(row[0]) if row[0] else None), row[1]
+
+    async def get(self, job_id: str) -> tuple[JobResult | None, str | None] | None:
+        """The finished job's result and data source; ``(None, source)`` while it runs; None if unknown
+        (read and parsed off the event loop)."""
+        return await asyncio.to_thread(self._get, job_id)
 
 
 def is_running(status: str) -> bool:

@@ -10,6 +10,7 @@ reward is an index on its JSON path. A weight-version or id-substring filter rea
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,6 @@ CREATE INDEX IF NOT EXISTS jobs_reward ON jobs(json_extract(result, '$.reward'))
 """Part of the ledger's schema (:mod:`raas.pipeline.ledger`): what the list's filters and order use."""
 
 _REWARD = "json_extract(result, '$.reward')"
-_NOT_DONE = ("queued", "queued_run", "queued_eval", "init", "run", "eval")
 
 
 def _like(text: str) -> str:
@@ -73,14 +73,8 @@ def where(
         params.append(max_reward)
     if weight_version:
         clauses.append("instr(result, ?) > 0")
-        params.append(f'"weight_version":{_json_str(weight_version)}')
+        params.append(f'"weight_version":{json.dumps(weight_version, ensure_ascii=False)}')
     return (" AND ".join(clauses) or "1"), params
-
-
-def _json_str(value: str) -> str:
-    import json
-
-    return json.dumps(value, ensure_ascii=False)
 
 
 class LedgerSearch:
@@ -127,7 +121,3 @@ class LedgerSearch:
         """The finished job's result and data source; ``(None, source)`` while it runs; None if unknown
         (read and parsed off the event loop)."""
         return await asyncio.to_thread(self._get, job_id)
-
-
-def is_running(status: str) -> bool:
-    return status in _NOT_DONE

@@ -26,6 +26,7 @@ from areal.api.workflow_api import RolloutWorkflow
 
 from raas.errors import RaasError
 from raas.integrations.samples import RaasSampler, Rollout, urls_from
+from raas.trainer.types import version_number
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +74,8 @@ def token_versions(rollout: Rollout) -> list[int]:
     for k, turn in enumerate(result.turns):
         if k > 0:
             out += [-1] * len(turn.prompt_ids)
-        try:
-            version = int(turn.weight_version) if turn.weight_version is not None else -1
-        except ValueError:
-            version = -1
-        out += [version] * len(turn.output_ids)
+        version = version_number(turn.weight_version)
+        out += [-1 if version is None else version] * len(turn.output_ids)
     if len(out) != len(rollout.response_ids):
         raise RaasError(
             f"raas job {rollout.job_id}: its turns do not add up to its response", kind="internal"

@@ -33,20 +33,11 @@ from verl.utils.ray_utils import auto_await
 from raas.errors import RaasError
 from raas.integrations.samples import RaasSampler, Rollout, normalize_address, shared_sampler, urls_from
 from raas.integrations.verl_data import AGENT_NAME, instance_of, sampling_params_from
+from raas.trainer.types import version_number
 
 log = logging.getLogger(__name__)
 
 ADV_ESTIMATOR = "raas_grpo"
-
-
-def _version_steps(versions: list[str]) -> list[int]:
-    out = []
-    for v in versions:
-        try:
-            out.append(int(v))
-        except ValueError:
-            continue
-    return out
 
 
 def agent_loop_output(
@@ -74,7 +65,7 @@ def agent_loop_output(
             raise RaasError(f"raas job {rollout.job_id} has no prompt tokens", kind="bad_request")
         prompt = list(fallback_prompt)
     timing = rollout.timing
-    steps = _version_steps(rollout.weight_versions)
+    steps = [n for n in map(version_number, rollout.weight_versions) if n is not None]
     extra: dict[str, Any] = {
         "raas_job_id": rollout.job_id,
         "raas_usable": rollout.usable,

@@ -7,17 +7,14 @@ test is skipped, saying what to install."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
-import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
 from raas.api import dashboard
@@ -25,7 +22,7 @@ from raas.api.dashboard_stats import ServiceStats
 from raas.api.middleware import GuardMiddleware
 from raas.core.jobs import JobEvent
 from raas.pipeline.events import EventBus
-from tests.api.conftest import APIFactory
+from tests.api.conftest import APIFactory, serving
 from tests.doubles.scripted_llm import ScriptedLLM, fixed
 
 pytestmark = pytest.mark.e2e
@@ -221,20 +218,13 @@ async def bare_app_with_dashboard(router: RouterDouble) -> AsyncIterator[str]:
     await stats.start()
     dashboard.install(app, stats, lambda: TOKEN)
     app.add_middleware(GuardMiddleware, max_bytes=1 << 20, token=lambda: TOKEN)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
-        while not server.started:
-            assert not task.done()
-            await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        async with serving(app) as url:
+            try:
+                yield url
+            finally:
+                router.bus.close()  # what a router's shutdown does: the dashboard's streams end with its events
     finally:
-        router.bus.close()  # what a router's shutdown does: the dashboard's streams end with its events
-        server.should_exit = True
-        await task
-        sock.close()
         await stats.aclose()
 
 

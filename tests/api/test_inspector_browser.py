@@ -9,13 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
 from raas.api import inspector, train_view
@@ -23,6 +21,7 @@ from raas.api.inspector_data import FileJobs
 from raas.core.jobs import ErrorInfo, JobResult
 from raas.core.trajectory import Message, ToolCall
 from tests.api import test_dashboard_browser as dashboard_browser
+from tests.api.conftest import serving
 from tests.trainer.test_grpo import result
 
 pytestmark = pytest.mark.e2e
@@ -76,19 +75,8 @@ async def viewer(tmp_path: Path) -> AsyncIterator[str]:
     """``raas view``'s app (the inspector on a results file) on a free loopback port."""
     app = FastAPI()
     inspector.install(app, FileJobs(results(tmp_path)), lambda: decode)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not server.started:
-            assert not task.done()
-            await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
+    async with serving(app) as url:
+        yield url
 
 
 async def rows_are(page: Any, n: int) -> None:
@@ -175,19 +163,8 @@ async def train_viewer(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
     log = tmp_path / "train.jsonl"
     app = FastAPI()
     train_view.install(app, log)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not server.started:
-            assert not task.done()
-            await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", log
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
+    async with serving(app) as url:
+        yield url, log
 
 
 def step_row(step: int, reward: float) -> str:

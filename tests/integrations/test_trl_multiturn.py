@@ -24,6 +24,7 @@ from raas.trainer.sync import SyncRolloutClient
 from raas.trainer.trl_rollout import RaasRolloutFunc, instance_index, raas_reward
 from tests.agent.scripted import EOS, tool_call
 from tests.integrations.conftest import Stack, lookup_instances, multi_turn
+from tests.trainer.test_trl_rollout import CPU_GRPO
 
 pytestmark = pytest.mark.e2e
 
@@ -114,18 +115,7 @@ async def test_trl_trains_on_multi_turn_conversational_rollouts_across_generatio
                 eval_strategy="steps",
                 eval_steps=2,
                 max_completion_length=256,
-                temperature=1.0,
-                learning_rate=1e-5,
-                beta=0.0,
-                use_cpu=True,
-                bf16=False,
-                fp16=False,
-                report_to="none",
-                save_strategy="no",
-                logging_steps=1,
-                disable_tqdm=True,
-                dataloader_num_workers=0,
-                seed=0,
+                **CPU_GRPO,
             )
             trainer = RecordingGRPOTrainer(
                 model=policy,

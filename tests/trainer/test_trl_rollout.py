@@ -37,6 +37,21 @@ if TYPE_CHECKING:
     from raas.learn.llama_sync import LlamaWeightSync
 
 PAD = 2
+CPU_GRPO: dict[str, Any] = {
+    "temperature": 1.0,
+    "learning_rate": 1e-5,
+    "beta": 0.0,
+    "use_cpu": True,
+    "bf16": False,
+    "fp16": False,
+    "report_to": "none",
+    "save_strategy": "no",
+    "logging_steps": 1,
+    "disable_tqdm": True,
+    "dataloader_num_workers": 0,
+    "seed": 0,
+}
+"""``GRPOConfig`` settings of the TRL tests' small, seeded CPU runs."""
 
 
 def group(gid: str, results: dict[int, JobResult], size: int, failures: list[JobResult] = ()) -> Group:  # type: ignore[assignment]
@@ -291,18 +306,7 @@ async def test_two_real_trl_grpo_steps_train_on_raas_tokens_logprobs_and_rewards
             gradient_accumulation_steps=1,
             num_generations=G,
             max_completion_length=16,
-            temperature=1.0,
-            learning_rate=1e-5,
-            beta=0.0,
-            use_cpu=True,
-            bf16=False,
-            fp16=False,
-            report_to="none",
-            save_strategy="no",
-            logging_steps=1,
-            disable_tqdm=True,
-            dataloader_num_workers=0,
-            seed=0,
+            **CPU_GRPO,
         )
         trainer = RecordingGRPOTrainer(
             model=policy,

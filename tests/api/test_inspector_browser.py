@@ -201,3 +201,47 @@ async def test_the_training_view_follows_the_log_as_the_run_writes_it(
     assert await page.locator("main img").count() == 0
     await asyncio.sleep(0.5)
     assert problems == []
+
+
+async def test_a_step_links_to_the_jobs_it_trained_on_with_their_advantages(
+    tmp_path: Path, browser_page: tuple[Any, list[str]]
+) -> None:
+    """``raas view OUT`` of a training run in progress: the results file the trainer appends to per step
+    (:class:`~raas.trainer.train_log.TrainedResults`) and its ``train.jsonl``; a step links to the jobs it
+    trained on, listed with the advantage each was trained with, including a step written after the page
+    opened."""
+    from playwright.async_api import expect
+
+    from raas.trainer.train_log import TrainedResults
+    from raas.trainer.types import Group
+
+    def group(gid: str, rewards: list[float]) -> Group:
+        g = Group(group_id=gid, instance={}, size=len(rewards))
+        for i, x in enumerate(rewards):
+            g.results[i] = result(f"{gid}.{i}.0", x, [1], [([5], "0")])
+        return g
+
+    trained = TrainedResults(tmp_path / "results.jsonl")
+    log = tmp_path / "train.jsonl"
+    trained.write(1, [group("a", [1.0, 0.0]), group("b", [1.0, 1.0, 0.0, 0.0])])
+    log.write_text(step_row(1, 0.5))
+    app = FastAPI()
+    inspector.install(app, FileJobs(trained.path), lambda: decode)
+    train_view.install(app, log, jobs=True)
+    page, problems = browser_page
+    async with serving(app) as url:
+        await page.goto(f"{url}/dashboard/train")
+        await expect(page.locator("#log a.step-jobs")).to_have_count(1, timeout=WAIT_MS)
+        assert trained.write(2, [group("c", [0.0, 1.0, 1.0])]) == 3
+        with log.open("a") as f:
+            f.write(step_row(2, 0.7))
+        await expect(page.locator("#log a.step-jobs")).to_have_count(2, timeout=WAIT_MS)
+        await page.click("#log a.step-jobs >> text='2'")
+        await rows_are(page, 3)
+        assert "step=2" in page.url
+        cells = page.locator("#jobs tbody tr.job-row td:nth-child(8)")  # the advantage column
+        assert sorted(await cells.all_text_contents()) == ["-0.667", "0.333", "0.333"]
+        await page.goto(f"{url}/dashboard/jobs?step=1")
+        await rows_are(page, 6)
+    trained.close()
+    assert problems == []

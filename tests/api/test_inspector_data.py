@@ -80,6 +80,43 @@ def test_the_token_view_walks_the_turns() -> None:
     assert [t["weight_version"] for t in view["turns"]] == ["0", "1"]
 
 
+def test_the_token_view_shows_every_segment_of_a_rebuilt_context() -> None:
+    """A rollout whose context was rebuilt (summarised, truncated) has several token sequences: each is
+    shown from its own prompt, its turns keep their indices, and the counts cover all of them."""
+    first = result("g.0.0", 1.0, [1, 2], [([5, 6], "0"), ([7], "1")], obs=[9])
+    second = result("g.0.0", 1.0, [3], [([8], "2")])
+    later = second.turns[0].model_copy(update={"index": 2, "segment": 1})
+    r = first.model_copy(
+        update={
+            "turns": [*first.turns, later],
+            "segments": [first.token_trajectory, second.token_trajectory],
+            "token_trajectory": second.token_trajectory,
+        }
+    )
+    view = token_view(r, decode)
+    assert [t[0] for t in view["tokens"]] == ["<1>", "<2>", "<5>", "<6>", "<9>", "<7>", "<3>", "<8>"]
+    assert [t[3] for t in view["tokens"]] == [-1, -1, 0, 0, 1, 1, -1, 2]
+    assert [t[4] for t in view["tokens"]] == [0, 0, 0, 0, 0, 0, 1, 1]
+    assert (view["segments"], view["prompt"], view["sampled"], view["masked"]) == (2, 3, 4, 1)
+
+
+def test_the_history_splits_states_from_sandboxes() -> None:
+    history = [
+        ("queued", 100.0, None),
+        ("init", 100.5, None),
+        ("sandbox", 100.7, json.dumps({"id": "sb1", "backend": "bwrap", "image": "/img"})),
+        ("sandbox", 100.8, "not json"),
+        ("completed", 103.0, None),
+    ]
+    view = inspector_data.history_view(history)
+    assert [(t["status"], t["at_s"]) for t in view["transitions"]] == [
+        ("queued", 0.0),
+        ("init", 0.5),
+        ("completed", 3.0),
+    ]
+    assert [b.get("id") for b in view["sandboxes"]] == ["sb1", None]
+
+
 def test_caps_keep_a_huge_observation_usable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(inspector_data, "MAX_VIEW_TOKENS", 5)
     monkeypatch.setattr(inspector_data, "MAX_TEXT_CHARS", 10)

@@ -35,6 +35,7 @@ async def test_the_list_reads_the_ledger_with_its_filters_and_auth(make_api: API
             }
             for i, x in enumerate([1.0, 0.0, 0.5])
         ]
+        jobs[0]["instance"]["init"] = {"sandbox": True}  # type: ignore[index]
         jobs.append(
             {
                 "job_id": "lone.0.0",
@@ -73,6 +74,16 @@ async def test_the_list_reads_the_ledger_with_its_filters_and_auth(make_api: API
         detail = r.json()
         assert detail["row"]["reward"] == 1.0 and detail["row"]["weight_versions"] == ["7"]
         assert detail["tokens"] is not None and detail["tokens"]["sampled"] > 0  # the service's tokenizer
+        # the job's history: its states in order, and the sandbox its INIT opened
+        states = [t["status"] for t in detail["transitions"]]
+        assert states[0] == "queued" and states[-1] == "completed" and {"init", "run", "eval"} <= set(states)
+        times = [t["at_s"] for t in detail["transitions"]]
+        assert times == sorted(times)
+        [box] = detail["sandboxes"]
+        assert box["backend"] == "local" and box["id"]
+        assert (await api.client.get("/dashboard/api/jobs/grpA.1.0", headers=bearer)).json()[
+            "sandboxes"
+        ] == []
         raw = (await api.client.get("/dashboard/api/jobs/grpA.0.0/raw", headers=bearer)).json()
         assert (
             raw["job_id"] == "grpA.0.0"

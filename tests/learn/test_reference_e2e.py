@@ -7,6 +7,8 @@ carry, and the log and the plot are written."""
 from __future__ import annotations
 
 import asyncio
+import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,17 @@ async def test_two_steps_train_sync_and_log(tmp_path: Path) -> None:
     assert all(s["sync_restart_s"] > 0 and s["grad_norm"] > 0 for s in steps)
     lines = await asyncio.to_thread(Path(summary.log_path).read_text)
     assert len(lines.splitlines()) == len(records)
+    # the results each step trained on, with step, group and advantage: what `raas view OUT` links a step to
+    trained = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert [sum(1 for t in trained if t["train_step"] == s["step"]) for s in steps] == [
+        s["trained_jobs"] for s in steps
+    ]
+    assert steps[0]["trained_jobs"] == first["rows"]
+    for gid in {t["group_id"] for t in trained if t["train_step"] == 1}:
+        members = [t for t in trained if t["group_id"] == gid and t["train_step"] == 1]
+        rewards = [t["reward"] for t in members]
+        mean, std = statistics.fmean(rewards), statistics.stdev(rewards)  # std_normalize: on by default
+        assert all(abs(t["advantage"] - (t["reward"] - mean) / (std + 1e-6)) < 1e-4 for t in members)
     assert summary.plot_path is not None
     png = await asyncio.to_thread(Path(summary.plot_path).read_bytes)
     assert png[:8] == b"\x89PNG\r\n\x1a\n"

@@ -6,7 +6,7 @@ Routes (all ``GET``, under the dashboard's path so the dashboard's auth covers t
 
 * ``/dashboard/jobs`` — the list page; ``/dashboard/jobs/{job_id}`` — a job's page;
 * ``/dashboard/api/jobs`` — a page of the list as JSON (``status``, ``outcome``, ``data_source``, ``q``,
-  ``min_reward``, ``max_reward``, ``weight_version``, ``group``, ``offset``, ``limit``);
+  ``min_reward``, ``max_reward``, ``weight_version``, ``group``, ``step``, ``offset``, ``limit``);
 * ``/dashboard/api/jobs/{job_id}`` — the job page's data; ``.../raw`` — the result as the API returns it.
 
 ``raas view results.jsonl`` serves these routes for a results file with no service running
@@ -27,6 +27,7 @@ from raas.api.dashboard import DASHBOARD_PATH, PAGE_HEADERS
 from raas.api.errors import error_body
 from raas.api.inspector_data import JobQuery, job_detail
 from raas.core.jobs import JobResult
+from raas.errors import RaasError
 
 JOBS_PATH = DASHBOARD_PATH + "/jobs"
 API_PATH = DASHBOARD_PATH + "/api/jobs"
@@ -42,6 +43,8 @@ class JobsSource(Protocol):
     async def page(self, q: JobQuery) -> dict[str, Any]: ...
 
     async def get(self, job_id: str) -> JobResult | None: ...
+
+    async def history(self, job_id: str) -> list[tuple[str, float, str | None]]: ...
 
 
 def _static(name: str) -> bytes:
@@ -84,6 +87,7 @@ def install(app: FastAPI, source: JobsSource, decoder: Callable[[], Decoder | No
         max_reward: float | None = None,
         weight_version: str | None = None,
         group: str | None = None,
+        step: int | None = None,
         offset: int = Query(0, ge=0),
         limit: int = Query(50, ge=1, le=500),
     ) -> JSONResponse:
@@ -96,18 +100,24 @@ def install(app: FastAPI, source: JobsSource, decoder: Callable[[], Decoder | No
             max_reward=max_reward,
             weight_version=weight_version or None,
             group=group or None,
+            step=step,
             offset=offset,
             limit=limit,
         )
-        return JSONResponse(await source.page(query), headers={"Cache-Control": "no-store"})
+        try:
+            page = await source.page(query)
+        except RaasError as exc:
+            return JSONResponse(error_body(exc.kind, exc.message), status_code=400)
+        return JSONResponse(page, headers={"Cache-Control": "no-store"})
 
     @router.get(API_PATH + "/{job_id}", include_in_schema=False)
     async def job(job_id: str) -> JSONResponse:
         result = await source.get(job_id)
         if result is None:
             return JSONResponse(error_body("not_found", f"no job {job_id}"), status_code=404)
+        history = await source.history(job_id)
         # decoding up to 20,000 tokens one by one: off the event loop
-        detail = await asyncio.to_thread(job_detail, result, decoder())
+        detail = await asyncio.to_thread(job_detail, result, decoder(), history)
         return JSONResponse(detail, headers={"Cache-Control": "no-store"})
 
     @router.get(API_PATH + "/{job_id}/raw", include_in_schema=False)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterable, Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from raas.core.jobs import JobResult
+from raas.core.trajectory import TokenTrajectory
 from raas.errors import RaasError
 from raas.pipeline.ledger_search import LedgerSearch
 
@@ -39,6 +41,8 @@ class JobQuery:
     max_reward: float | None = None
     weight_version: str | None = None
     group: str | None = None
+    step: int | None = None
+    """A ``raas train`` step: the jobs it trained on (a training run's results file only)."""
     offset: int = 0
     limit: int = 50
 
@@ -60,6 +64,10 @@ class JobRow:
     weight_versions: list[str] = field(default_factory=list)
     total_s: float = 0.0
     error: str | None = None
+    train_step: int | None = None
+    """The ``raas train`` step that trained on this sample (a training run's results file)."""
+    advantage: float | None = None
+    """The group-relative advantage it was trained with (same)."""
 
     def outcome(self) -> str:
         if self.filtered:
@@ -105,6 +113,8 @@ def matches(row: JobRow, q: JobQuery) -> bool:
         return False
     if q.group and row.group_id != q.group:
         return False
+    if q.step is not None and row.train_step != q.step:
+        return False
     if q.weight_version and q.weight_version not in row.weight_versions:
         return False
     if q.min_reward is not None and (row.reward is None or row.reward < q.min_reward):
@@ -119,36 +129,64 @@ def matches(row: JobRow, q: JobQuery) -> bool:
 
 
 class FileJobs:
-    """The jobs of a results file (``raas run -o``'s ``results.jsonl``: one ``JobResult`` per line), read
-    once into memory. A line that is not a result is an error naming the line: the file is not a results
-    file, and guessing would show the wrong thing."""
+    """The jobs of a results file (``raas run -o``'s ``results.jsonl``: one ``JobResult`` per line; ``raas
+    train -o``'s adds the step and advantage each sample was trained with). Read into memory, and lines
+    appended later (a training run in progress) are read at the next request; a partial last line waits.
+    A line that is not a result is an error naming the line: the file is not a results file, and
+    guessing would show the wrong thing."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.results: dict[str, JobResult] = {}
         self.rows: list[JobRow] = []
-        with path.open(encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    body = json.loads(line)
-                    result = JobResult.model_validate(body)
-                except ValueError as exc:
-                    raise RaasError(
-                        f"{path}:{n} is not a raas job result: {exc}", kind="bad_request"
-                    ) from exc
-                source = body.get("data_source") or (body.get("artifacts") or {}).get("data_source")
-                self.results[result.job_id] = result
-                self.rows.append(row_of(result, str(source) if source else None))
+        self._offset = 0
+        self._lines = 0
+        self._lock = threading.Lock()
+        self._read_new()
+
+    def _read_new(self) -> None:
+        with self._lock, self.path.open("rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+            end = data.rfind(b"\n") + 1
+            for line in data[:end].splitlines():
+                self._lines += 1
+                if line.strip():
+                    self._add(line, self._lines)
+            self._offset += end
+
+    def _add(self, line: bytes, n: int) -> None:
+        try:
+            body = json.loads(line)
+            result = JobResult.model_validate(body)
+        except ValueError as exc:
+            raise RaasError(f"{self.path}:{n} is not a raas job result: {exc}", kind="bad_request") from exc
+        source = body.get("data_source") or (body.get("artifacts") or {}).get("data_source")
+        row = row_of(result, str(source) if source else None)
+        step = _number(body.get("train_step"))
+        row.train_step = None if step is None else int(step)
+        row.advantage = _number(body.get("advantage"))
+        if result.job_id in self.results:
+            self.rows = [r for r in self.rows if r.job_id != result.job_id]  # a later line replaces it
+        self.results[result.job_id] = result
+        self.rows.append(row)
 
     async def page(self, q: JobQuery) -> dict[str, Any]:
+        await asyncio.to_thread(self._read_new)
         hits = [r for r in self.rows if matches(r, q)]
         chosen = hits[q.offset : q.offset + q.limit]
         return {"total": len(hits), "offset": q.offset, "jobs": [r.as_dict() for r in chosen]}
 
     async def get(self, job_id: str) -> JobResult | None:
+        await asyncio.to_thread(self._read_new)
         return self.results.get(job_id)
+
+    async def history(self, job_id: str) -> list[tuple[str, float, str | None]]:
+        return []  # a results file keeps no transitions
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 class LedgerJobs:
@@ -159,6 +197,12 @@ class LedgerJobs:
         self.search = LedgerSearch(ledger_path)
 
     async def page(self, q: JobQuery) -> dict[str, Any]:
+        if q.step is not None:
+            raise RaasError(
+                "a service's ledger does not know training steps: open the run's directory with "
+                "`raas view OUT` to list a step's jobs",
+                kind="bad_request",
+            )
         found = await self.search.page(
             q.offset,
             q.limit,
@@ -202,6 +246,9 @@ class LedgerJobs:
         found = await self.search.get(job_id)
         return None if found is None else found[0]
 
+    async def history(self, job_id: str) -> list[tuple[str, float, str | None]]:
+        return await self.search.history(job_id)
+
 
 def _error_text(error: str | None) -> str | None:
     if not error:
@@ -229,32 +276,46 @@ def conversation(result: JobResult) -> list[dict[str, Any]]:
     return out
 
 
-def token_view(result: JobResult, decode: Callable[[Sequence[int]], str]) -> dict[str, Any]:
-    """Every token of the trajectory as ``[text, mask, logprob, turn]`` (``mask`` 1 = sampled and trained
-    on; ``turn`` -1 for the prompt), with the counts and each turn's weight version and segment."""
-    tt = result.token_trajectory
+def _segment_rows(
+    result: JobResult, index: int, tt: TokenTrajectory
+) -> list[tuple[int, int, float | None, int, int]]:
+    """One token sequence's tokens as ``(id, mask, logprob, turn, segment)``: its prompt (turn -1), then
+    per turn of this segment the environment's delta (but for the segment's first turn) and the output."""
     owners: list[int] = []
+    first = True
     for k, turn in enumerate(result.turns):
-        if turn.segment != result.turns[0].segment:
-            break  # later segments are other token sequences: shown by their turns, not here
-        if k > 0:
+        if turn.segment != index:
+            continue
+        if not first:
             owners += [k] * len(turn.prompt_ids)
         owners += [k] * len(turn.output_ids)
+        first = False
     if len(owners) != len(tt.response_ids):
         owners = [-2] * len(tt.response_ids)  # turns and trajectory disagree: show the tokens unowned
-    ids: Iterable[tuple[int, int, float | None, int]] = [
-        *((t, 0, None, -1) for t in tt.prompt_ids),
-        *zip(tt.response_ids, tt.loss_mask, tt.logprobs, owners, strict=True),
+    return [
+        *((t, 0, None, -1, index) for t in tt.prompt_ids),
+        *(
+            (t, m, lp, turn, index)
+            for t, m, lp, turn in zip(tt.response_ids, tt.loss_mask, tt.logprobs, owners, strict=True)
+        ),
     ]
-    rows = list(ids)
+
+
+def token_view(result: JobResult, decode: Callable[[Sequence[int]], str]) -> dict[str, Any]:
+    """Every token of the trajectory as ``[text, mask, logprob, turn, segment]`` (``mask`` 1 = sampled and
+    trained on; ``turn`` -1 for a prompt), every token sequence in order (a rollout whose context was
+    rebuilt has several), with the counts and each turn's weight version and segment."""
+    sequences = result.segments or [result.token_trajectory]
+    rows = [row for i, tt in enumerate(sequences) for row in _segment_rows(result, i, tt)]
     shown = rows[:MAX_VIEW_TOKENS]
+    sampled = sum(sum(tt.loss_mask) for tt in sequences)
     return {
-        "tokens": [[decode([t]), m, lp, turn] for t, m, lp, turn in shown],
+        "tokens": [[decode([t]), m, lp, turn, seg] for t, m, lp, turn, seg in shown],
         "total": len(rows),
         "shown": len(shown),
-        "prompt": len(tt.prompt_ids),
-        "sampled": sum(tt.loss_mask),
-        "masked": len(tt.loss_mask) - sum(tt.loss_mask),
+        "prompt": sum(len(tt.prompt_ids) for tt in sequences),
+        "sampled": sampled,
+        "masked": sum(len(tt.loss_mask) for tt in sequences) - sampled,
         "turns": [
             {
                 "index": t.index,
@@ -264,15 +325,39 @@ def token_view(result: JobResult, decode: Callable[[Sequence[int]], str]) -> dic
             }
             for t in result.turns
         ],
-        "segments": len(result.segments) or 1,
+        "segments": len(sequences),
     }
 
 
-def job_detail(result: JobResult, decode: Callable[[Sequence[int]], str] | None) -> dict[str, Any]:
-    """The job page's data: list row, timings, failure, EVAL artifacts, conversation, token view."""
+def history_view(history: Sequence[tuple[str, float, str | None]]) -> dict[str, Any]:
+    """A job's state changes (seconds since it was accepted) and the sandboxes it opened, from its
+    ledger history (empty for a results file)."""
+    start = history[0][1] if history else 0.0
+    steps, sandboxes = [], []
+    for status, at, detail in history:
+        if status == "sandbox":
+            try:
+                box = json.loads(detail or "{}")
+            except ValueError:
+                box = {}
+            if isinstance(box, dict):
+                sandboxes.append({**box, "at_s": at - start})
+            continue
+        steps.append({"status": status, "at_s": at - start, "detail": detail})
+    return {"transitions": steps, "sandboxes": sandboxes}
+
+
+def job_detail(
+    result: JobResult,
+    decode: Callable[[Sequence[int]], str] | None,
+    history: Sequence[tuple[str, float, str | None]] = (),
+) -> dict[str, Any]:
+    """The job page's data: list row, timings, history and sandboxes, failure, EVAL artifacts,
+    conversation, token view."""
     row = row_of(result)
     return {
         "row": row.as_dict(),
+        **history_view(history),
         "timing": result.timing.model_dump(),
         "error": result.error.model_dump() if result.error else None,
         "artifacts": result.artifacts,

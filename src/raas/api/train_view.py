@@ -6,6 +6,9 @@ Routes (``GET``, under the dashboard's path, in the inspector's page family):
 * ``/dashboard/train`` — the page;
 * ``/dashboard/api/train?after=N`` — the log's lines from index ``N`` on, and the index to ask from next.
 
+A step links to the jobs it trained on (``/dashboard/jobs?step=N``) where the same app serves the run's
+``results.jsonl`` (``raas view OUT``).
+
 Why a file and not the trainer's memory: ``train.jsonl`` is what ``raas train`` already writes, line by
 line, for every step and held-out evaluation; reading it serves a run in progress, a finished one and one
 copied from a cluster alike, and the trainer does no extra work.
@@ -33,8 +36,10 @@ class TrainLogTail:
     """The lines of a growing JSONL file, read once each: a partial last line (the trainer is writing it)
     waits for the next read; a line that is not a JSON object is kept as ``{"kind": "unreadable"}``."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, jobs: bool = False) -> None:
         self.path = path
+        self.jobs = jobs
+        """Whether the same app lists the run's trained jobs (a step then links to them)."""
         self.rows: list[dict[str, Any]] = []
         self._offset = 0
         self._lock = threading.Lock()
@@ -61,12 +66,13 @@ class TrainLogTail:
         with self._lock:
             self._read()
             rows = self.rows[after : after + MAX_LINES_PER_REPLY]
-            return {"rows": rows, "next": after + len(rows), "file": self.path.name}
+            return {"rows": rows, "next": after + len(rows), "file": self.path.name, "jobs": self.jobs}
 
 
-def install(app: FastAPI, path: Path) -> TrainLogTail:
-    """Add the training view's routes for the log at ``path`` (which may not exist yet)."""
-    tail = TrainLogTail(path)
+def install(app: FastAPI, path: Path, *, jobs: bool = False) -> TrainLogTail:
+    """Add the training view's routes for the log at ``path`` (which may not exist yet); ``jobs``: the app
+    also serves the run's results file in the inspector, so each step links to the jobs it trained on."""
+    tail = TrainLogTail(path, jobs=jobs)
     router = APIRouter()
 
     @router.get(TRAIN_PATH, include_in_schema=False)

@@ -2,8 +2,8 @@
 
 With no ``--server`` it starts everything in this process (the policy's llama.cpp server, a raas service)
 and trains the embedded SmolLM2-135M-Instruct on ``builtin:addition:train``, evaluating on the held-out
-``builtin:addition:test``; ``OUT/train.jsonl`` gets a line per step and per evaluation, and
-``OUT/learning_curve.png`` the plot.
+``builtin:addition:test``; ``OUT/train.jsonl`` gets a line per step and per evaluation,
+``OUT/results.jsonl`` the samples each step trained on, and ``OUT/learning_curve.png`` the plot.
 
 Two other modes:
 

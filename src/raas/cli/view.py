@@ -69,7 +69,7 @@ def view(
         inspector.install(app, jobs, lambda: decode)
         console.print(f"{len(jobs.rows)} jobs from {path}: http://{host}:{port}{inspector.JOBS_PATH}")
     if train_log is not None:
-        train_view.install(app, train_log)
+        train_view.install(app, train_log, jobs=jobs is not None)
         console.print(
             f"training log {train_log} (followed as it grows): http://{host}:{port}{train_view.TRAIN_PATH}"
         )

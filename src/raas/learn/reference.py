@@ -58,7 +58,7 @@ from raas.trainer.hf_weights import TensorType, load_policy
 from raas.trainer.pass_rates import PassRateFilter
 from raas.trainer.policy_loss import LossConfig, TorchBatch, dapo_loss, response_logprobs
 from raas.trainer.rollout import RolloutClient
-from raas.trainer.train_log import TrainLog, plot_learning_curve
+from raas.trainer.train_log import TrainedResults, TrainLog, plot_learning_curve
 from raas.trainer.types import Group, version_number
 
 _log = logging.getLogger("raas.learn")
@@ -368,10 +368,11 @@ async def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | No
     evals: list[dict[str, Any]] = []
     judged = JudgedGroups(accept_all=not cfg.dynamic_sampling)
     log = TrainLog(out_dir / "train.jsonl")
+    trained = TrainedResults(out_dir / "results.jsonl")
     steps_done = 0
     finished = False
     try:
-        with log:
+        with log, trained:
 
             def record(rec: dict[str, Any]) -> None:
                 log.write(rec)
@@ -463,6 +464,9 @@ async def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | No
                         "policy_version": sampler.policy_version,
                     }
                     rec.update(step_record(stats, judged.groups, batch))
+                    rec["trained_jobs"] = await asyncio.to_thread(
+                        trained.write, step + 1, groups, std_normalize=cfg.std_normalize
+                    )
                     train_started = time.monotonic()
                     fresh = fresh_rows(batch, groups, sampler.policy_version)
                     progress.phase(f"training on {batch.size} rows")

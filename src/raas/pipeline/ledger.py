@@ -381,6 +381,18 @@ class Ledger:
 
         self._submit(op, wait=False)
 
+    def note(self, job_id: str, kind: str, at: float, detail: str | None = None) -> None:
+        """Add ``kind`` to a job's history without changing its state (e.g. a sandbox it opened).
+        Fire-and-forget, like :meth:`transition`."""
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
+                (job_id, kind, at, detail),
+            )
+
+        self._submit(op, wait=False)
+
     async def finish(self, result: JobResult, at: float) -> None:
         """Record a terminal result (committed when this returns)."""
         body = result.model_dump_json()

@@ -121,3 +121,17 @@ class LedgerSearch:
         """The finished job's result and data source; ``(None, source)`` while it runs; None if unknown
         (read and parsed off the event loop)."""
         return await asyncio.to_thread(self._get, job_id)
+
+    def _history(self, job_id: str) -> list[tuple[str, float, str | None]]:
+        conn = self._connect()
+        try:
+            rows = conn.execute(
+                "SELECT status, at, detail FROM transitions WHERE job_id = ? ORDER BY seq", (job_id,)
+            ).fetchall()
+        finally:
+            conn.close()
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    async def history(self, job_id: str) -> list[tuple[str, float, str | None]]:
+        """A job's transitions and notes (``status``, ``at``, ``detail``) in the order they were written."""
+        return await asyncio.to_thread(self._history, job_id)

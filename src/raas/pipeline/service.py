@@ -70,6 +70,7 @@ class RolloutService:
         )
         self.table = JobTable(self.ledger, self.bus, config.result_cache_size)
         self.layers.group_pending = self.table.group_pending
+        self.layers.sandbox_opened = self.table.sandbox_opened
         self.pauses = PauseClock()
         self.endings = Endings(self.layers, self.table, config.hook_timeout_s)
         self._auto_bounds = auto_worker_bounds(config)

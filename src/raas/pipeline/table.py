@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -33,6 +34,7 @@ from raas.errors import RaasError
 from raas.pipeline.events import EventBus
 from raas.pipeline.ledger import Ledger
 from raas.pipeline.prewarm import Prewarm
+from raas.sandbox.base import Sandbox
 from raas.tasks.base import Env, JobSandboxes, TaskHandler
 
 log = logging.getLogger("raas.pipeline")
@@ -163,6 +165,15 @@ class JobTable:
         a.updated_at = time.time()
         self.ledger.transition(a.job_id, status, a.updated_at)
         self.publish(a)
+
+    def sandbox_opened(self, job_id: str, sandbox: Sandbox) -> None:
+        """Keep the sandbox a job opened in its history (the job page shows it; not a state change)."""
+        detail = {
+            "id": sandbox.id,
+            "backend": sandbox.backend_name,
+            "image": getattr(sandbox.config, "image", None),
+        }
+        self.ledger.note(job_id, "sandbox", time.time(), json.dumps(detail))
 
     async def record_result(self, a: ActiveJob, result: JobResult) -> None:
         """The job ended: commit ``result`` to the ledger, then let everyone see it."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ from raas.gateway import Gateway
 from raas.llm import ChatTokenizer, LLMBalancer
 from raas.pipeline.config import ServiceConfig, agent_config_for
 from raas.sandbox import SandboxConfig, SandboxManager, config_from_dict
+from raas.sandbox.base import Sandbox
 from raas.sandbox.layers import LayerStore
 from raas.tasks import verify
 from raas.tasks.base import JobSandboxes, TaskHandler
@@ -63,6 +65,8 @@ class Layers:
         """Prepared layers of group-shared INIT (built at start, removed at close)."""
         self.group_pending: Callable[[set[str], set[str]], bool] | None = None
         """Set by the service: does a job of these groups, not among these job ids, still wait for INIT?"""
+        self.sandbox_opened: Callable[[str, Sandbox], None] | None = None
+        """Set by the service: a job (its id) opened this sandbox."""
 
     async def start(self) -> None:
         """Register ``extra_handlers`` and build what was not injected."""
@@ -190,7 +194,9 @@ class Layers:
         """A job's sandbox opener, with the service's default sandbox settings."""
         if self._sandbox_default is None:
             raise RaasError("the service has not started", kind="unavailable")
-        return JobSandboxes(self.manager, self._sandbox_default, job_id, self.layer_store)
+        opened = self.sandbox_opened
+        on_open = None if opened is None else functools.partial(opened, job_id)
+        return JobSandboxes(self.manager, self._sandbox_default, job_id, self.layer_store, on_open)
 
     def llm_context(self, job: Job) -> LLMContext:
         """What a RUN stage gets: the balancer, the tokenizer and the agent settings with the job's

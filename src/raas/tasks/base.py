@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -65,12 +65,15 @@ class JobSandboxes:
         default: SandboxConfig,
         owner: str,
         layers: LayerStore | None = None,
+        on_open: Callable[[Sandbox], None] | None = None,
     ) -> None:
         self.manager = manager
         self.default = default
         self.owner = owner
         self.layers = layers
         """The service's prepared layers (None: no group sharing in this service)."""
+        self.on_open = on_open
+        """Told of every sandbox this job opens (the service records it for the job's page)."""
         self._open: list[Sandbox] = []
         self._shares: list[Share] = []
 
@@ -81,6 +84,8 @@ class JobSandboxes:
     async def open(self, **overrides: Any) -> Sandbox:
         sandbox = await self.manager.start(self.config(**overrides), owner=self.owner)
         self._open.append(sandbox)
+        if self.on_open is not None:
+            self.on_open(sandbox)
         seed = overrides.get("seed")
         for share in self._shares:
             if seed and share.seed == seed:

@@ -1,5 +1,5 @@
-"""What the reference trainer writes down: one JSON line per step and per evaluation, a live progress
-bar, and a learning-curve plot at the end.
+"""What the reference trainer writes down: one JSON line per step and per evaluation, the results each
+step trained on, a live progress bar, and a learning-curve plot at the end.
 
 The JSONL file is the record (every figure a benchmark or a README quotes comes from it); the plot is
 drawn from that file alone, so it can be redrawn from any run's log (``plot_learning_curve(log)``).
@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
+
+from raas.trainer.grpo import group_advantages
+from raas.trainer.types import Group, is_valid
 
 
 class TrainLog:
@@ -36,6 +40,48 @@ class TrainLog:
             self._fh = None
 
     def __enter__(self) -> TrainLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TrainedResults:
+    """Append-only ``results.jsonl`` of a training run: every sample a step trained on, as the service
+    returned it, plus ``train_step``, ``group_id`` and the ``advantage`` it was trained with (the group
+    baseline :func:`~raas.trainer.grpo.assemble_batch` uses). ``raas view OUT`` lists a step's jobs from it.
+
+    Why the trainer writes it and not the service: the ledger does not know which results a step used (a
+    DAPO step keeps some groups, drops others, carries some over), and the service of ``raas train`` lives
+    only as long as the run."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh: TextIO | None = self.path.open("w", encoding="utf-8")
+
+    def write(self, step: int, groups: Sequence[Group], *, std_normalize: bool = False) -> int:
+        """Append the usable samples of ``groups`` trained at ``step``; returns how many."""
+        if self._fh is None:
+            raise ValueError("the results file is closed")
+        lines = []
+        for group in groups:
+            samples = [r for r in group.samples if is_valid(r)]
+            rewards = [float(r.reward) for r in samples]  # type: ignore[arg-type]
+            for r, adv in zip(samples, group_advantages(rewards, std_normalize=std_normalize), strict=True):
+                body = r.model_dump(mode="json")
+                body.update(train_step=step, group_id=group.group_id, advantage=float(adv))
+                lines.append(json.dumps(body) + "\n")
+        self._fh.write("".join(lines))
+        self._fh.flush()
+        return len(lines)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> TrainedResults:
         return self
 
     def __exit__(self, *exc: object) -> None:

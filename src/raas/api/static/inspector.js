@@ -60,7 +60,7 @@ async function showList() {
       body.append(el("tr", { "data-job": job.job_id, class: "job-row" },
         el("td", {}, jobLink(job.job_id)), el("td", {}, job.status), el("td", {}, job.outcome),
         el("td", {}, fmt(job.reward)), el("td", {}, job.data_source || "–"), el("td", {}, job.instance_id || "–"),
-        el("td", {}, group), el("td", {}, job.turns), el("td", {}, job.weight_versions.join(", ") || "–"),
+        el("td", {}, group), el("td", {}, fmt(job.advantage, 3)), el("td", {}, fmt(job.train_step, 0)), el("td", {}, job.turns), el("td", {}, job.weight_versions.join(", ") || "–"),
         el("td", {}, fmt(job.total_s, 1)), el("td", { class: "failure" }, job.error || "")));
     }
     document.getElementById("total").textContent = String(page.total);
@@ -104,12 +104,18 @@ function showTokens(view) {
   document.getElementById("token-counts").textContent =
     `${view.prompt} prompt, ${view.sampled} sampled, ${view.masked} masked response tokens` +
     (view.shown < view.total ? ` (first ${view.shown} of ${view.total} shown)` : "") +
-    (view.segments > 1 ? ` · ${view.segments} segments (the last one shown)` : "");
+    (view.segments > 1 ? ` · ${view.segments} token sequences (segments), each shown from its prompt` : "");
   document.getElementById("turns").textContent = view.turns
     .map((t) => `turn ${t.index}: version ${t.weight_version ?? "–"}, segment ${t.segment}, ${t.finish}`).join(" · ");
   let previous = -1;
+  let segment = -1;
   const frag = document.createDocumentFragment();
-  for (const [text, mask, logprob, turn] of view.tokens) {
+  for (const [text, mask, logprob, turn, seg] of view.tokens) {
+    if (seg !== segment) {
+      if (view.segments > 1) frag.append(el("div", { class: "segment-break" }, `segment ${seg}`));
+      segment = seg;
+      previous = -1;
+    }
     const node = el("span", { class: "tok m" + mask, "data-turn": String(turn) }, text);
     if (mask && logprob !== null) {
       const p = Math.exp(Math.max(logprob, -10));
@@ -144,6 +150,14 @@ async function showJob() {
     document.getElementById("failure-box").hidden = false;
     document.getElementById("failure").textContent = `${job.error.stage} / ${job.error.kind}: ${job.error.message}`;
   }
+  const history = document.querySelector("#history tbody");
+  history.replaceChildren(...job.transitions.map((t) => el("tr", {},
+    el("td", {}, fmt(t.at_s, 2)), el("td", {}, t.status), el("td", {}, t.detail || ""))));
+  document.getElementById("history-box").hidden = job.transitions.length === 0;
+  const boxes = document.querySelector("#sandboxes tbody");
+  boxes.replaceChildren(...job.sandboxes.map((b) => el("tr", { class: "sandbox-row" },
+    el("td", {}, fmt(b.at_s, 2)), el("td", {}, b.id || "–"), el("td", {}, b.backend || "–"), el("td", {}, b.image || "–"))));
+  document.getElementById("sandboxes-box").hidden = job.sandboxes.length === 0;
   // EVAL's report: each artifact under its name, a string (a patch, a test log) as it is, the rest as JSON
   const artifacts = Object.entries(job.artifacts || {});
   const report = document.getElementById("eval");

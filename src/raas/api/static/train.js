@@ -6,6 +6,7 @@ const API = "/dashboard/api/train";
 const SVG = "http://www.w3.org/2000/svg";
 const rows = [];
 let next = 0;
+let linkJobs = false;
 
 function num(x) {
   return typeof x === "number" && Number.isFinite(x) ? x : null;
@@ -66,7 +67,15 @@ function append(newRows) {
     rows.push(r);
     const tr = document.createElement("tr");
     tr.className = "log-row " + String(r.kind);
-    tr.append(cell(r.step, 0), cell(r.kind), cell(r.reward_mean, 3), cell(r.pass_rate, 3),
+    const first = cell(r.step, 0);
+    if (linkJobs && r.kind === "step" && num(r.step) !== null) {
+      const a = document.createElement("a");
+      a.href = "/dashboard/jobs?step=" + String(r.step);  // a number: checked above
+      a.className = "step-jobs";
+      a.textContent = first.textContent;
+      first.replaceChildren(a);
+    }
+    tr.append(first, cell(r.kind), cell(r.reward_mean, 3), cell(r.pass_rate, 3),
       cell(r.informative_fraction, 2), cell(r.wait_s, 1), cell(r.train_s, 1), cell(r.sync_s, 1),
       cell(r.logprob_abs_diff_mean, 4), cell(r.rollouts, 0), cell(r.rss_mb, 0));
     body.prepend(tr);
@@ -79,6 +88,7 @@ async function poll() {
     if (!response.ok) throw new Error("HTTP " + response.status);
     const body = await response.json();
     document.getElementById("file").textContent = body.file;
+    linkJobs = body.jobs === true;
     if (body.rows.length) {
       append(body.rows);
       draw();

@@ -1,8 +1,9 @@
 """The service as a real process (``python -m raas.api``) killed with SIGKILL mid-work and restarted.
 
-Proves, on the process table and in the ledger: no accepted job is lost, finished results survive, jobs
-that were in flight come back as ``failed``/``interrupted`` with no reward (or run again when they asked
-for ``retry_on_restart``), and no sandbox process or scratch dir outlives the crash.
+Proves, on the process table and in the ledger: no accepted job is lost, finished results survive, a job
+inside RUN comes back as ``failed``/``interrupted`` with no reward (or runs again when it asked for
+``retry_on_restart``), a job that had generated nothing (in INIT) runs again, and no sandbox process or
+scratch dir outlives the crash. (What resumes where: ``tests/api/test_resume.py``.)
 """
 
 from __future__ import annotations
@@ -154,10 +155,12 @@ def test_sigkill_and_restart(service_dir: Path) -> None:
 
         done = client.get("/v1/jobs/done/result").json()
         assert done["status"] == "completed" and done["reward"] == 0.25
-        for job_id, stage in (("in-run", "run"), ("in-init", "init")):
-            res = client.get(f"/v1/jobs/{job_id}/result").json()
-            assert res["status"] == "failed" and res["reward"] is None and res["filter"] is True
-            assert res["error"]["kind"] == "interrupted" and res["error"]["stage"] == stage, res["error"]
+        res = client.get("/v1/jobs/in-run/result").json()
+        assert res["status"] == "failed" and res["reward"] is None and res["filter"] is True
+        assert res["error"]["kind"] == "interrupted" and res["error"]["stage"] == "run", res["error"]
+        # INIT had generated nothing: it runs again (and is inside its 600 s INIT once more)
+        info = client.get("/v1/jobs/in-init").json()
+        assert info["status"] in ("queued", "init") and info["attempts"] == 1
         retried = client.get("/v1/jobs/retry/result", params={"wait": 60}).json()
         assert retried["status"] == "completed" and retried["reward"] == 1.0
         assert client.get("/v1/jobs/retry").json()["attempts"] == 2
@@ -198,7 +201,9 @@ def test_sigkill_and_restart(service_dir: Path) -> None:
     rows = db.execute("SELECT job_id, status, result FROM jobs ORDER BY job_id").fetchall()
     db.close()
     assert [r[0] for r in rows] == ["done", "in-init", "in-run", "retry"]  # nothing accepted was lost
-    for job_id, status, result in rows:
+    # stopped gracefully inside INIT: left queued for the next start, not failed
+    assert rows[1][1:] == ("queued", None)
+    for job_id, status, result in rows[:1] + rows[2:]:
         body = json.loads(result)
         assert body["status"] == status
         assert (body["reward"] is not None) == (status == "completed"), job_id  # no fabricated rewards

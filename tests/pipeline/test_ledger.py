@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,10 +16,12 @@ from raas.pipeline.ledger import Ledger
 pytestmark = pytest.mark.unit
 
 
-async def _insert(ledger: Ledger, job_id: str, *, retry: bool = False, at: float = 100.0) -> None:
+async def _insert(
+    ledger: Ledger, job_id: str, *, retry: bool = False, at: float = 100.0, **request: Any
+) -> None:
     existing = await ledger.insert_job(
         job_id=job_id,
-        request={"instance": {"data_source": "x"}},
+        request={"instance": {"data_source": "x"}, **request},
         data_source="x",
         instance_id=f"i-{job_id}",
         trajectory_id=None,
@@ -74,34 +78,70 @@ async def test_results_survive_reopen(tmp_path: Path) -> None:
     await reopened.close()
 
 
-async def test_recover_interrupts_or_requeues_in_flight_jobs(tmp_path: Path) -> None:
+async def test_recover_requeues_resumes_or_interrupts_each_job_by_what_it_had_done(tmp_path: Path) -> None:
+    """After a crash: nothing generated yet → queued again (same attempt, same order); RUN output
+    committed → resumed at EVAL with it; inside RUN without a checkpoint → interrupted, unless it asked
+    for ``retry_on_restart``; ``resume_on_restart: false`` → interrupted wherever it was; an external
+    rollout → resumed only once closed (committed)."""
     ledger = Ledger(tmp_path / "l.db")
     await ledger.open()
-    for job_id, status in (("q", "queued"), ("r", "run"), ("e", "queued_eval")):
-        await _insert(ledger, job_id)
+    at = 100.0
+    cases = {
+        "q": ("queued", {}),
+        "i": ("init", {}),
+        "w": ("queued_run", {}),
+        "r": ("run", {}),
+        "e": ("queued_eval", {}),
+        "c": ("eval", {}),
+        "optout": ("queued", {"resume_on_restart": False}),
+        "optout-c": ("eval", {"resume_on_restart": False}),
+        "ext-q": ("queued", {"external_rollout": True}),
+        "ext-c": ("run", {"external_rollout": True}),
+    }
+    for job_id, (status, request) in cases.items():
+        at += 1
+        await _insert(ledger, job_id, at=at, **request)
         if status != "queued":
-            ledger.transition(job_id, status, 101.0)
-    await _insert(ledger, "again", retry=True)
-    ledger.transition("again", "eval", 101.0)
+            ledger.transition(job_id, status, at)
+    for job_id in ("c", "optout-c", "ext-c"):
+        await ledger.checkpoint(job_id, "run", json.dumps({"run_output": {"answer": job_id}}), 150.0)
+    await _insert(ledger, "again", retry=True, at=at + 1)
+    ledger.transition("again", "run", 150.0)
     await ledger.close()  # the service "died" here
 
     ledger = Ledger(tmp_path / "l.db")
     await ledger.open()
     recovery = await ledger.recover(max_attempts=2, now=200.0)
-    assert sorted(recovery.interrupted) == ["e", "q", "r"]
-    assert [j.job_id for j in recovery.requeued] == ["again"] and recovery.requeued[0].attempts == 2
+    assert [j.job_id for j in recovery.requeued] == ["q", "i", "w", "again"]  # in their old order
+    assert [j.attempts for j in recovery.requeued] == [1, 1, 1, 2]
+    assert [(r.job.job_id, r.checkpoint["run_output"]["answer"]) for r in recovery.resumed] == [
+        ("c", "c"),
+        ("ext-c", "ext-c"),
+    ]
+    assert sorted(recovery.interrupted) == ["e", "ext-q", "optout", "optout-c", "r"]
+    for job_id in ("q", "i", "w"):
+        row = await ledger.get(job_id)
+        assert row is not None and row.status == "queued"
+        assert "nothing generated yet" in ((await ledger.transitions(job_id))[-1][2] or "")
+    assert (await ledger.get("c")).status == "queued_eval"  # type: ignore[union-attr]
     stages = {}
-    for job_id in ("q", "r", "e"):
+    for job_id in recovery.interrupted:
         row = await ledger.get(job_id)
         assert row is not None and row.status == "failed" and row.result is not None
         assert row.result["reward"] is None and row.result["filter"] is True
         assert row.result["error"]["kind"] == "interrupted"
-        assert row.result["timing"]["total_s"] == 100.0
         stages[job_id] = row.result["error"]["stage"]
-    assert stages == {"q": "queue", "r": "run", "e": "queue"}
-    # A second crash: the retried job has used its attempts and is now closed as interrupted too.
+    assert stages == {"e": "queue", "ext-q": "queue", "optout": "queue", "optout-c": "eval", "r": "run"}
+    assert "external rollout" in (await ledger.get("ext-q")).result["error"]["message"]  # type: ignore[union-attr,index]
+    # an interrupted job's checkpoint is gone with it; a resumed one's stays until the job ends
+    assert await ledger.checkpoint_of("optout-c", "run") is None
+    assert await ledger.checkpoint_of("c", "run") is not None
+    await ledger.finish(JobResult(job_id="c", status="completed", reward=1.0, filter=False), 210.0)
+    assert await ledger.checkpoint_of("c", "run") is None
+    # A second crash while the retried job was in RUN again: it has used its attempts.
+    ledger.transition("again", "run", 250.0)
     recovery = await ledger.recover(max_attempts=2, now=300.0)
-    assert recovery.interrupted == ["again"] and recovery.requeued == []
+    assert "again" in recovery.interrupted
     row = await ledger.get("again")
     assert (
         row is not None

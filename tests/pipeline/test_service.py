@@ -35,7 +35,8 @@ async def test_completes_with_reward_timing_and_ledger_trail(make_service: Servi
     t = result.timing
     assert t.total_s >= t.queue_s + t.init_s + t.run_s + t.eval_s - 1e-6
     trail = [s for s, _, _ in await svc.ledger.transitions(job_id)]
-    assert trail == ["queued", "init", "queued_run", "run", "queued_eval", "eval", "completed"]
+    # "checkpoint": RUN's output committed before EVAL (a restart would resume the job there)
+    assert trail == ["queued", "init", "queued_run", "run", "checkpoint", "queued_eval", "eval", "completed"]
     row = await svc.ledger.get(job_id)
     assert row is not None and row.status == "completed" and row.result is not None
     assert row.result["reward"] == 0.5

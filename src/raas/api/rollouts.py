@@ -92,6 +92,7 @@ async def open_rollout(body: RolloutRequest, request: Request) -> RolloutOpened:
         job_id=new_job_id(),
         timeout_s=body.timeout_s,
         priority=body.priority,
+        external_rollout=True,
     )
     assert job.job_id is not None
     check_job_sizes(request, [job], batch=False)

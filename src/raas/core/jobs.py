@@ -79,7 +79,20 @@ class JobRequest(BaseModel):
     )
     priority: int = Field(0, ge=-1000, le=1000, description="Higher runs first; FIFO among equals.")
     retry_on_restart: bool = Field(
-        False, description="Re-queue instead of failing with `interrupted` if the service dies mid-job."
+        False,
+        description="A job inside INIT or RUN when the service dies starts again from INIT (generating anew) "
+        "instead of failing with `interrupted`.",
+    )
+    resume_on_restart: bool = Field(
+        True,
+        description="After a restart, a job that had generated nothing yet (queued, INIT) runs again in its "
+        "place and a job past RUN (its RUN output committed) resumes at EVAL. False: a restart fails it "
+        "`interrupted` wherever it was.",
+    )
+    external_rollout: bool = Field(
+        False,
+        description="Set by POST /v1/gateway/rollouts: the agent runs outside raas, so after a restart the "
+        "rollout resumes only if it was closed (its agent is gone otherwise).",
     )
 
     @field_validator("instance")
@@ -117,6 +130,10 @@ class Timing(BaseModel):
     eval_s: float = 0.0
     total_s: float = 0.0
     prewarm_s: float = 0.0
+    resumed_at: str | None = None
+    """Where this job went on after a restart of the service: ``eval`` (its RUN output was committed and
+    is graded as it was generated) or ``init`` (it ran again from INIT: it had generated nothing yet, or
+    it asked for ``retry_on_restart``); None: it ran in one go."""
 
 
 class JobResult(BaseModel):

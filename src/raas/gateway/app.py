@@ -47,6 +47,8 @@ log = logging.getLogger("raas.gateway")
 
 SESSION_SCOPE_KEY = "raas.gateway.session"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+CLOSE_RECORD_TIMEOUT_S = 120.0
+"""How long a close waits for its record to be committed before answering 503 (the ledger is stalled)."""
 
 
 def request_key(request: Request) -> str | None:
@@ -217,7 +219,16 @@ def create_gateway_app(gateway: Gateway) -> Starlette:
                 raise RaasError(
                     f"unknown field(s) in the close body: {', '.join(unknown)}", kind="bad_request"
                 )
-            gateway.external.close(rollout_id, request_key(request), closing)
+            rollout = gateway.external.close(rollout_id, request_key(request), closing)
+            # acknowledged is durable: answered once the record RUN made of the close is committed, so a
+            # crash after this answer resumes the rollout at EVAL instead of losing it
+            if not await rollout.wait_recorded(CLOSE_RECORD_TIMEOUT_S):
+                raise RaasError(
+                    f"rollout {rollout_id} was closed but its record was not committed (its job ended first, "
+                    f"or the service is stopping): see GET /v1/jobs/{rollout_id}/result",
+                    kind="unavailable",
+                    stage="run",
+                )
         except RaasError as exc:
             return JSONResponse(
                 error_body(exc.kind, exc.message, exc.stage or "run"), status_code=shapes.error_status(exc)

@@ -55,6 +55,16 @@ class ExternalRollout:
         self.ended_reason: str | None = None
         """Set when RUN is over: ``closed`` (by the agent) or ``abandoned`` (the lease ran out), ``ended``
         (the job stopped otherwise)."""
+        self.recorded: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        """Set by the pipeline once the record RUN made of the close is committed to the ledger (True), or
+        when the job ended before it was (False): the close is answered only then."""
+
+    async def wait_recorded(self, timeout_s: float) -> bool:
+        """Whether the close's record was committed (False also after ``timeout_s`` without an answer)."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.recorded), timeout_s)
+        except TimeoutError:
+            return False
 
     def fail_open(self, exc: BaseException) -> None:
         """The job ended before its RUN stage opened the session: tell whoever waits to open it."""

@@ -15,14 +15,15 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
-from raas.core.jobs import NO_DATA_SOURCE, Job, JobRequest, JobStatus, SubmitResponse, new_job_id
+from raas.core.jobs import NO_DATA_SOURCE, STAGES, Job, JobRequest, JobStatus, SubmitResponse, new_job_id
+from raas.core.trajectory import RunOutput
 from raas.errors import RaasError
 from raas.pipeline import results
 from raas.pipeline.ledger import LedgerJob
 from raas.pipeline.scheduler import Scheduler
 from raas.pipeline.table import ActiveJob, JobTable
 from raas.pipeline.wiring import Layers
-from raas.tasks.base import TaskHandler
+from raas.tasks.base import Env, TaskHandler
 
 
 class Overloaded(RaasError):
@@ -189,12 +190,14 @@ class Admission:
         self.scheduler.enqueue(a, "init")
         return SubmitResponse(job_id=job.job_id, status="queued", created=True)
 
-    async def readmit(self, row: LedgerJob) -> None:
-        """Put a job the ledger re-queued after a restart back into the INIT queue."""
+    async def readmit(self, row: LedgerJob, checkpoint: dict[str, Any] | None = None) -> None:
+        """Put a job the ledger re-queued after a restart back into the INIT queue, or (with its committed
+        RUN ``checkpoint``) into the EVAL queue, its RUN output restored as it was generated."""
         try:
             request = JobRequest.model_validate(row.request)
             handler = self.validate(request)
-        except (RaasError, ValueError) as exc:
+            run_output = RunOutput.model_validate(checkpoint["run_output"]) if checkpoint else None
+        except (RaasError, ValueError, KeyError, TypeError) as exc:
             result = results.not_requeued(row.job_id, row.instance_id, row.trajectory_id, str(exc))
             await self.table.ledger.finish(result, time.time())
             return
@@ -207,6 +210,22 @@ class Admission:
         a = self._active_job(
             request, job, handler, priority=row.priority, created_at=row.created_at, attempts=row.attempts
         )
+        # the job's wall time counts from when it was accepted, across the restart
+        a.t0 = time.monotonic() - max(0.0, time.time() - row.created_at)
         self.table.add(a)
         self.table.publish(a)
-        self.scheduler.enqueue(a, "init")
+        if checkpoint is None or run_output is None:
+            a.resumed_at = "init"
+            self.scheduler.enqueue(a, "init")
+            return
+        timing = checkpoint.get("timing") or {}
+        a.queue_s = float(timing.get("queue_s", 0.0))
+        a.counted_s = float(timing.get("counted_s", 0.0))
+        for stage in STAGES:
+            a.stage_s[stage] = float(timing.get(f"{stage}_s", 0.0))
+        a.sandboxes = self.layers.sandboxes_for(job.job_id)
+        a.env = Env(job=job, sandboxes=a.sandboxes, data=dict(checkpoint.get("env_data") or {}))
+        a.run_output = a.env.run_output = run_output
+        a.checkpointed = True
+        a.resumed_at = "eval"
+        self.scheduler.enqueue(a, "eval")

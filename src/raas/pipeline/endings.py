@@ -16,6 +16,7 @@ import time
 from raas.core.jobs import STAGES, Timing
 from raas.core.trajectory import EvalOutput
 from raas.pipeline import results
+from raas.pipeline.ledger_recovery import NOT_STARTED
 from raas.pipeline.table import ActiveJob, JobTable
 from raas.pipeline.wiring import Layers
 
@@ -70,8 +71,7 @@ class Endings:
         if stage in STAGES:  # the hook and the clean-up are reported as part of the stage
             a.stage_s[stage] += time.monotonic() - cleanup
         if a.cancel_reason == "shutdown":
-            if a.request.retry_on_restart:
-                self.table.leave_for_restart(a)
+            if self._left_for_restart(a):
                 return
             await self._record(a, results.failed(results.interrupted(stage), traceback=tb))
             return
@@ -85,11 +85,27 @@ class Endings:
         if a.prewarm is not None:  # its task honours cancellation even when the stage did not
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(a.prewarm.close(), self.hook_timeout_s)
-        if a.request.retry_on_restart:
-            self.table.leave_for_restart(a)
-            return
         stage = a.status if a.status in STAGES else "queue"
+        if self._left_for_restart(a):
+            return
         await self._record(a, results.failed(results.interrupted(stage, results.INTERRUPTED_STUCK)))
+
+    def _left_for_restart(self, a: ActiveJob) -> bool:
+        """Shutdown stopped ``a``: leave it for the next start when that start can go on with it (as
+        :mod:`~raas.pipeline.ledger_recovery` would after a crash); False: record it interrupted."""
+        request = a.request
+        if request.resume_on_restart and a.checkpointed:
+            self.table.leave_for_restart(a, "queued_eval", "stopped by shutdown; resumes at EVAL on restart")
+        elif request.resume_on_restart and not request.external_rollout and a.status in NOT_STARTED:
+            self.table.leave_for_restart(a, "queued", "stopped by shutdown before RUN; re-queued for restart")
+        elif request.retry_on_restart and not request.external_rollout:
+            # left in its stage: the next start counts the attempt and runs it again from INIT
+            self.table.leave_for_restart(
+                a, a.status, "stopped by shutdown; starts again from INIT on restart"
+            )
+        else:
+            return False
+        return True
 
     async def _record(self, a: ActiveJob, outcome: results.Outcome) -> None:
         timing = Timing(
@@ -99,6 +115,7 @@ class Endings:
             eval_s=a.stage_s["eval"],
             total_s=time.monotonic() - a.t0,
             prewarm_s=a.prewarm.seconds if a.prewarm is not None else 0.0,
+            resumed_at=a.resumed_at,
         )
         await self.table.record_result(a, results.build_result(a.job, outcome, a.run_output, timing))
 

@@ -21,6 +21,8 @@ async def run_external(a: ActiveJob, layers: Layers) -> RunOutput:
     assert a.env is not None and layers.gateway is not None
     llm = layers.llm_context(a.job)
     rollout = layers.gateway.external.get(a.job_id)
+    if rollout is not None:
+        a.acknowledge = rollout.recorded  # the close is answered once its record is committed
     lease = f" ({rollout.lease_s:g} s)" if rollout is not None else ""
     session, closing = await layers.gateway.external.serve(a.job, llm.agent)
     if session.infra_error is not None:  # as for a harness job: what the agent did next is not the policy's

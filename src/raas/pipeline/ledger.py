@@ -2,8 +2,9 @@
 
 Why a ledger: a trainer must never lose an accepted job silently. The service writes a job here before it
 answers 202, writes each transition as it happens and writes the result before it reports the job done.
-After a crash, :meth:`Ledger.recover` turns whatever was in flight into ``failed``/``interrupted`` results
-(or re-queues it when the request asked for ``retry_on_restart``).
+After a crash, :meth:`Ledger.recover` re-queues what had generated nothing yet, resumes at EVAL what had
+committed its RUN output (:meth:`Ledger.checkpoint`), and turns the rest into ``failed``/``interrupted``
+results (or re-queues it when the request asked for ``retry_on_restart``).
 
 All SQLite work runs on one writer thread with one connection; consecutive operations are grouped into one
 transaction (group commit), so the event loop never blocks on disk and thousands of transitions per second
@@ -25,14 +26,16 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
-from raas.core.jobs import TERMINAL, ErrorInfo, JobInfo, JobResult, JobStatus, Timing
+from raas.core.jobs import TERMINAL, JobResult
 from raas.errors import RaasError
 from raas.pipeline import ledger_integrity as integrity
+from raas.pipeline import ledger_recovery
 from raas.pipeline.ledger_integrity import LedgerCorrupt
+from raas.pipeline.ledger_recovery import Recovery
+from raas.pipeline.ledger_rows import LedgerJob, row_of
 from raas.pipeline.ledger_search import INDEXES
 
 __all__ = ["Ledger", "LedgerCorrupt", "LedgerJob", "Recovery"]
@@ -67,63 +70,19 @@ CREATE TABLE IF NOT EXISTS transitions (
     detail TEXT
 );
 CREATE INDEX IF NOT EXISTS transitions_job ON transitions(job_id);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    job_id TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    body TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (job_id, stage)
+);
 """
 
 _TERMINAL_SQL = "(" + ",".join(f"'{s}'" for s in sorted(TERMINAL)) + ")"
 
 TRANSITION_DELAY_S = 0.005
 """How long a fire-and-forget transition may wait for company before it is handed to the writer."""
-
-_STAGE_OF_STATUS = {
-    "queued": "queue",
-    "queued_run": "queue",
-    "queued_eval": "queue",
-    "init": "init",
-    "run": "run",
-    "eval": "eval",
-}
-
-
-@dataclass
-class LedgerJob:
-    """One row of the ``jobs`` table."""
-
-    job_id: str
-    status: str
-    data_source: str | None
-    instance_id: str | None
-    trajectory_id: str | None
-    priority: int
-    retry_on_restart: bool
-    attempts: int
-    request: dict[str, Any]
-    result: dict[str, Any] | None
-    error: dict[str, Any] | None
-    created_at: float
-    updated_at: float
-    finished_at: float | None
-
-    def info(self) -> JobInfo:
-        return JobInfo(
-            job_id=self.job_id,
-            status=cast(JobStatus, self.status),
-            data_source=self.data_source,
-            instance_id=self.instance_id,
-            trajectory_id=self.trajectory_id,
-            priority=self.priority,
-            attempts=self.attempts,
-            created_at=self.created_at,
-            updated_at=self.updated_at,
-            error=ErrorInfo(**self.error) if self.error else None,
-        )
-
-
-@dataclass
-class Recovery:
-    """What :meth:`Ledger.recover` found: jobs to run again and jobs it closed as interrupted."""
-
-    requeued: list[LedgerJob]
-    interrupted: list[str]
 
 
 class _Stop:
@@ -403,6 +362,7 @@ class Ledger:
                 "UPDATE jobs SET status=?, result=?, error=?, updated_at=?, finished_at=? WHERE job_id=?",
                 (result.status, body, error, at, at, result.job_id),
             )
+            conn.execute("DELETE FROM checkpoints WHERE job_id=?", (result.job_id,))
             conn.execute(
                 "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
                 (result.job_id, result.status, at, error),
@@ -439,65 +399,40 @@ class Ledger:
             rows = conn.execute(
                 f"SELECT * FROM jobs WHERE status NOT IN {_TERMINAL_SQL} ORDER BY created_at"
             ).fetchall()
-            return [_row(r) for r in rows]
+            return [row_of(r) for r in rows]
 
         return await self._call(op)
 
     # -- recovery and retention --------------------------------------------------------------------------
 
     async def recover(self, *, max_attempts: int, now: float | None = None) -> Recovery:
-        """Close or re-queue every job a previous run left unfinished. Nothing is dropped silently."""
+        """Re-queue, resume at EVAL or close as interrupted every job a previous run left unfinished
+        (:mod:`raas.pipeline.ledger_recovery`). Nothing is dropped silently."""
         at = time.time() if now is None else now
+        return await self._call(lambda conn: ledger_recovery.recover(conn, max_attempts=max_attempts, at=at))
 
-        def op(conn: sqlite3.Connection) -> Recovery:
-            rows = [
-                _row(r)
-                for r in conn.execute(
-                    f"SELECT * FROM jobs WHERE status NOT IN {_TERMINAL_SQL} ORDER BY created_at"
-                )
-            ]
-            requeued: list[LedgerJob] = []
-            interrupted: list[str] = []
-            for job in rows:
-                if job.retry_on_restart and job.attempts < max_attempts:
-                    job.attempts += 1
-                    job.status = "queued"
-                    conn.execute(
-                        "UPDATE jobs SET status='queued', attempts=?, updated_at=? WHERE job_id=?",
-                        (job.attempts, at, job.job_id),
-                    )
-                    conn.execute(
-                        "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
-                        (job.job_id, "queued", at, f"re-queued after restart (attempt {job.attempts})"),
-                    )
-                    requeued.append(job)
-                    continue
-                stage = _STAGE_OF_STATUS.get(job.status, "queue")
-                reason = "the service stopped while the job was in flight"
-                if job.retry_on_restart:
-                    reason += f"; gave up after {job.attempts} attempts"
-                result = JobResult(
-                    job_id=job.job_id,
-                    instance_id=job.instance_id,
-                    trajectory_id=job.trajectory_id,
-                    status="failed",
-                    error=ErrorInfo(
-                        stage=stage, kind="interrupted", message=f"{reason} (last state {job.status})"
-                    ),
-                    filter=True,
-                    timing=Timing(total_s=max(0.0, at - job.created_at)),
-                )
-                error = result.error.model_dump_json() if result.error else None
-                conn.execute(
-                    "UPDATE jobs SET status='failed', result=?, error=?, updated_at=?, finished_at=? WHERE job_id=?",
-                    (result.model_dump_json(), error, at, at, job.job_id),
-                )
-                conn.execute(
-                    "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
-                    (job.job_id, "failed", at, error),
-                )
-                interrupted.append(job.job_id)
-            return Recovery(requeued=requeued, interrupted=interrupted)
+    async def checkpoint(self, job_id: str, stage: str, body: str, at: float) -> None:
+        """Commit a stage's output (``run``: what EVAL needs to grade the job without generating again);
+        returns once it is on disk. Dropped when the job ends."""
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR REPLACE INTO checkpoints (job_id, stage, body, at) VALUES (?,?,?,?)",
+                (job_id, stage, body, at),
+            )
+            conn.execute(
+                "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
+                (job_id, "checkpoint", at, f"{stage} output committed ({len(body)} bytes)"),
+            )
+
+        await self._call(op)
+
+    async def checkpoint_of(self, job_id: str, stage: str) -> str | None:
+        def op(conn: sqlite3.Connection) -> str | None:
+            r = conn.execute(
+                "SELECT body FROM checkpoints WHERE job_id=? AND stage=?", (job_id, stage)
+            ).fetchone()
+            return r[0] if r else None
 
         return await self._call(op)
 
@@ -531,6 +466,7 @@ class Ledger:
                 marks = ",".join("?" * len(chunk))
                 conn.execute(f"DELETE FROM jobs WHERE job_id IN ({marks})", chunk)
                 conn.execute(f"DELETE FROM transitions WHERE job_id IN ({marks})", chunk)
+                conn.execute(f"DELETE FROM checkpoints WHERE job_id IN ({marks})", chunk)
             return len(unique)
 
         return await self._call(op)
@@ -542,25 +478,6 @@ def _typed(exc: BaseException) -> BaseException:
     return RaasError(f"ledger write failed: {type(exc).__name__}: {exc}", kind="internal")
 
 
-def _row(r: tuple[Any, ...]) -> LedgerJob:
-    return LedgerJob(
-        job_id=r[0],
-        status=r[1],
-        data_source=r[2],
-        instance_id=r[3],
-        trajectory_id=r[4],
-        priority=r[5],
-        retry_on_restart=bool(r[6]),
-        attempts=r[7],
-        request=json.loads(r[8]),
-        result=json.loads(r[9]) if r[9] else None,
-        error=json.loads(r[10]) if r[10] else None,
-        created_at=r[11],
-        updated_at=r[12],
-        finished_at=r[13],
-    )
-
-
 def _fetch(conn: sqlite3.Connection, job_id: str) -> LedgerJob | None:
     r = conn.execute("SELECT * FROM jobs WHERE job_id=?", (job_id,)).fetchone()
-    return _row(r) if r else None
+    return row_of(r) if r else None

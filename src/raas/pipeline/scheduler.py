@@ -32,7 +32,7 @@ from raas.pipeline.clock import Budget, PauseClock, run_within
 from raas.pipeline.endings import Endings
 from raas.pipeline.external import is_external, run_external
 from raas.pipeline.prewarm import Prewarm
-from raas.pipeline.table import ActiveJob, JobTable
+from raas.pipeline.table import ActiveJob, JobTable, settle
 from raas.pipeline.wiring import Layers
 from raas.tasks.base import Env
 
@@ -94,6 +94,8 @@ class StageSpec:
     """Time the LLM spends paused through the service does not count against the budget."""
     next: StageName | None
     """The stage that follows; None: the job is complete."""
+    checkpoint: bool = False
+    """Commit the stage's output to the ledger before the next stage (a restart resumes the job there)."""
     prewarm: bool = False
     """Start the handler's EVAL prewarm (:meth:`TaskHandler.prewarm_eval`, if it has one) alongside this
     stage; EVAL receives what it produced, and its sandboxes are closed when the job ends."""
@@ -101,7 +103,18 @@ class StageSpec:
 
 STAGE_TABLE: dict[StageName, StageSpec] = {
     "init": StageSpec("init", "init_workers", _call_init, Env, _keep_env, False, False, "run"),
-    "run": StageSpec("run", "run_workers", _call_run, RunOutput, _keep_run_output, True, True, "eval", True),
+    "run": StageSpec(
+        "run",
+        "run_workers",
+        _call_run,
+        RunOutput,
+        _keep_run_output,
+        True,
+        True,
+        "eval",
+        checkpoint=True,
+        prewarm=True,
+    ),
     "eval": StageSpec("eval", "eval_workers", _call_eval, EvalOutput, _keep_nothing, False, False, None),
 }
 assert tuple(STAGE_TABLE) == STAGES
@@ -322,6 +335,9 @@ class Scheduler:
             closing = time.monotonic()
             await self.endings.close_sandboxes(a)
             a.stage_s[stage] += time.monotonic() - closing  # reported as this stage's time, not budgeted
+        if spec.checkpoint and not a.checkpointed:
+            await self.table.checkpoint_run(a)  # a restart now resumes the job here, never generating again
+        settle(a, committed=a.checkpointed)
         self._next(a, spec.next)
 
 

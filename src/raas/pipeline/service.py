@@ -151,6 +151,15 @@ class RolloutService:
                 for _ in recovery.interrupted:
                     metrics.count_error("queue", "interrupted")
                     metrics.count_finished("failed")
+            if recovery.resumed or recovery.requeued:
+                log.info(
+                    "after a restart: %d jobs resume at EVAL, %d run again from INIT",
+                    len(recovery.resumed),
+                    len(recovery.requeued),
+                )
+            # in their old order (created_at) within each queue, with their priorities
+            for resumed in recovery.resumed:
+                await self.admission.readmit(resumed.job, resumed.checkpoint)
             for row in recovery.requeued:
                 await self.admission.readmit(row)
             self.scheduler.spawn(self._prune_loop(), name="raas-ledger-prune")

@@ -69,6 +69,13 @@ class ActiveJob:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: JobResult | None = None
     finishing: bool = False
+    checkpointed: bool = False
+    """Its RUN output is committed to the ledger (a restart resumes it at EVAL)."""
+    resumed_at: str | None = None
+    """Where it went on after a restart (``Timing.resumed_at``)."""
+    acknowledge: asyncio.Future[bool] | None = None
+    """Told whether RUN's output was committed (True) or the job ended first (False): an external rollout's
+    close is answered only then."""
 
     @property
     def job_id(self) -> str:
@@ -94,6 +101,20 @@ class ActiveJob:
     def waiting_for(self, stage: StageName) -> bool:
         """Still queued for ``stage`` and not cancelled meanwhile."""
         return self.status == QUEUED_FOR[stage] and self.cancel_reason is None
+
+
+def settle(a: ActiveJob, *, committed: bool) -> None:
+    """Answer whoever waits for ``a``'s RUN output to be committed (once)."""
+    if a.acknowledge is not None and not a.acknowledge.done():
+        a.acknowledge.set_result(committed)
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 class JobTable:
@@ -182,6 +203,7 @@ class JobTable:
             await asyncio.shield(self.ledger.finish(result, now))
         except RaasError:
             log.exception("could not record the result of job %s", a.job_id)
+        settle(a, committed=a.checkpointed)
         a.result = result
         a.status = result.status
         a.updated_at = now
@@ -205,11 +227,37 @@ class JobTable:
             )
         )
 
-    def leave_for_restart(self, a: ActiveJob) -> None:
-        """Shutdown hit a ``retry_on_restart`` job: leave it queued in the ledger for the next start."""
-        self.ledger.transition(
-            a.job_id, "queued", time.time(), "interrupted by shutdown; re-queued for restart"
-        )
-        a.status = "queued"
+    def leave_for_restart(self, a: ActiveJob, status: str, detail: str) -> None:
+        """Shutdown stopped a job the next start can go on with: leave it in ``status`` in the ledger
+        (``queued``: from INIT; ``queued_eval``: at EVAL, its RUN output committed; its stage: for
+        :mod:`~raas.pipeline.ledger_recovery` to decide)."""
+        self.ledger.transition(a.job_id, status, time.time(), detail)
+        a.status = status
         self.forget(a.job_id)
+        settle(a, committed=a.checkpointed)
         a.done.set()
+
+    async def checkpoint_run(self, a: ActiveJob) -> bool:
+        """Commit what EVAL needs to grade ``a`` without generating again (its RUN output, the JSON part of
+        its INIT state, its timings so far); True once on disk. A failed write only costs resumability."""
+        if a.run_output is None:
+            return False
+        data = a.env.data if a.env is not None else {}
+        body = {
+            "run_output": a.run_output.model_dump(mode="json"),
+            "env_data": {k: v for k, v in data.items() if _jsonable(v)},
+            "timing": {
+                "queue_s": a.queue_s,
+                "counted_s": a.counted_s,
+                **{f"{s}_s": a.stage_s[s] for s in STAGES},
+            },
+        }
+        try:
+            await self.ledger.checkpoint(a.job_id, "run", json.dumps(body), time.time())
+        except RaasError:
+            log.exception(
+                "could not commit the RUN output of job %s (it cannot resume after a restart)", a.job_id
+            )
+            return False
+        a.checkpointed = True
+        return True

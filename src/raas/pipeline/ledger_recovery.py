@@ -1,0 +1,141 @@
+"""What a restart does with the jobs a previous run of the service left unfinished (one ledger transaction).
+
+Why per stage: a job that has generated nothing yet (queued, in INIT, waiting for RUN) loses nothing by
+running again, so it goes back to the queue in its place (``created_at`` order) with its priority; a job
+whose RUN output was committed (a stage checkpoint: :meth:`~raas.pipeline.ledger.Ledger.checkpoint`)
+resumes at EVAL and never generates again; a job inside RUN without one starts again from INIT when it
+asked for ``retry_on_restart`` and otherwise ends ``failed``/``interrupted`` (filtered, no reward). A
+request with ``resume_on_restart: false`` keeps the old all-or-nothing behaviour, and an external rollout
+resumes only once closed (its agent is gone with the old process).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any
+
+from raas.core.jobs import TERMINAL, ErrorInfo, JobResult, Timing
+from raas.pipeline.ledger_rows import LedgerJob, row_of
+
+_TERMINAL_SQL = "(" + ",".join(f"'{s}'" for s in sorted(TERMINAL)) + ")"
+
+NOT_STARTED = ("queued", "init", "queued_run")
+"""States in which a job has generated nothing: running it again from INIT loses nothing."""
+
+_STAGE_OF_STATUS = {
+    "queued": "queue",
+    "queued_run": "queue",
+    "queued_eval": "queue",
+    "init": "init",
+    "run": "run",
+    "eval": "eval",
+}
+
+
+@dataclass
+class Resumed:
+    """A job that goes on at EVAL with its committed RUN output (the checkpoint's body)."""
+
+    job: LedgerJob
+    checkpoint: dict[str, Any]
+
+
+@dataclass
+class Recovery:
+    """What :meth:`Ledger.recover` did: jobs to run again from INIT, jobs to resume at EVAL, jobs closed as
+    interrupted."""
+
+    requeued: list[LedgerJob] = field(default_factory=list)
+    resumed: list[Resumed] = field(default_factory=list)
+    interrupted: list[str] = field(default_factory=list)
+
+
+def _mark(conn: sqlite3.Connection, job: LedgerJob, status: str, at: float, detail: str) -> None:
+    conn.execute(
+        "UPDATE jobs SET status=?, attempts=?, updated_at=? WHERE job_id=?",
+        (status, job.attempts, at, job.job_id),
+    )
+    conn.execute(
+        "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
+        (job.job_id, status, at, detail),
+    )
+    job.status = status
+
+
+def recover(conn: sqlite3.Connection, *, max_attempts: int, at: float) -> Recovery:
+    """Decide, and record, what becomes of every unfinished job (see the module docstring)."""
+    rows = [
+        row_of(r)
+        for r in conn.execute(f"SELECT * FROM jobs WHERE status NOT IN {_TERMINAL_SQL} ORDER BY created_at")
+    ]
+    checkpoints = {
+        job_id: body
+        for job_id, body in conn.execute(
+            f"SELECT c.job_id, c.body FROM checkpoints c JOIN jobs j ON j.job_id = c.job_id "
+            f"WHERE c.stage = 'run' AND j.status NOT IN {_TERMINAL_SQL}"
+        )
+    }
+    out = Recovery()
+    for job in rows:
+        resume = job.request.get("resume_on_restart", True) is not False
+        external = job.request.get("external_rollout", False) is True
+        body = checkpoints.get(job.job_id)
+        checkpoint = _parsed(body)
+        if resume and checkpoint is not None:
+            _mark(
+                conn, job, "queued_eval", at, "resumed at EVAL after a restart: its RUN output was committed"
+            )
+            out.resumed.append(Resumed(job, checkpoint))
+        elif resume and not external and job.status in NOT_STARTED:
+            _mark(
+                conn, job, "queued", at, f"re-queued after a restart in {job.status}: nothing generated yet"
+            )
+            out.requeued.append(job)
+        elif job.retry_on_restart and job.attempts < max_attempts and not external:
+            job.attempts += 1
+            _mark(conn, job, "queued", at, f"re-queued after restart (attempt {job.attempts})")
+            out.requeued.append(job)
+        else:
+            _interrupt(conn, job, at, external=external)
+            out.interrupted.append(job.job_id)
+    return out
+
+
+def _parsed(body: str | None) -> dict[str, Any] | None:
+    if body is None:
+        return None
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _interrupt(conn: sqlite3.Connection, job: LedgerJob, at: float, *, external: bool) -> None:
+    stage = _STAGE_OF_STATUS.get(job.status, "queue")
+    reason = "the service stopped while the job was in flight"
+    if external:
+        reason += "; an external rollout's agent does not survive a restart unless it had closed"
+    elif job.retry_on_restart:
+        reason += f"; gave up after {job.attempts} attempts"
+    result = JobResult(
+        job_id=job.job_id,
+        instance_id=job.instance_id,
+        trajectory_id=job.trajectory_id,
+        status="failed",
+        error=ErrorInfo(stage=stage, kind="interrupted", message=f"{reason} (last state {job.status})"),
+        filter=True,
+        timing=Timing(total_s=max(0.0, at - job.created_at)),
+    )
+    error = result.error.model_dump_json() if result.error else None
+    conn.execute(
+        "UPDATE jobs SET status='failed', result=?, error=?, updated_at=?, finished_at=? WHERE job_id=?",
+        (result.model_dump_json(), error, at, at, job.job_id),
+    )
+    conn.execute(
+        "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
+        (job.job_id, "failed", at, error),
+    )
+    conn.execute("DELETE FROM checkpoints WHERE job_id=?", (job.job_id,))

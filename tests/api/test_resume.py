@@ -1,0 +1,264 @@
+"""Restarts resume what they can, checked on a real service process (``python -m raas.api``) and a real
+scripted inference server process, with the ledger on disk read as it was committed (no mocks):
+
+* a job killed inside EVAL (SIGKILL, or a graceful SIGTERM) resumes at EVAL with its committed RUN output:
+  graded, token-exact against what the inference server sampled, and never generating again (the
+  inference server is gone by then, so any new generate call would fail the job);
+* jobs killed before RUN (queued, in INIT) run again in their old order and with their priorities, and a
+  request with ``resume_on_restart: false`` is failed ``interrupted`` as before;
+* an external rollout whose close was answered ``200`` just before a SIGKILL resumes at EVAL and is graded,
+  with the turns the agent's requests generated;
+
+and no sandbox process survives any of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from raas.llm.models import prepare_tokenizer
+from raas.sandbox import procs
+from tests.api.test_restart import REPO, ServiceProcess, free_port, sandbox_ids
+
+pytestmark = pytest.mark.e2e
+
+SAMPLED_TOKENS = 5  # the scripted server's completion: token 42 five times, logprob -0.25 each
+
+
+class Service(ServiceProcess):
+    """``python -m raas.api`` with the test handler, an inference server and (optionally) a tokenizer."""
+
+    def __init__(self, state: Path, port: int, llm: str, tokenizer: Path | None = None) -> None:
+        super().__init__(state, port)
+        self.llm = llm
+        self.tokenizer = tokenizer
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "RAAS_API_TOKEN"}
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        cmd = [sys.executable, "-m", "raas.api", "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd += ["--state-dir", str(self.state), "--llm", self.llm, "--shutdown-grace", "0"]
+        cmd += ["--init-workers", "2", "--run-workers", "2", "--eval-workers", "2", "--log-level", "warning"]
+        cmd += ["--handler", "test.script=tests.doubles.handlers:StageScriptHandler"]
+        if self.tokenizer is not None:
+            cmd += ["--tokenizer-dir", str(self.tokenizer)]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("service did not come up: " + self.log.read_text()[-3000:])
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def llm() -> Iterator[subprocess.Popen[str]]:
+    """The scripted inference server as a process of its own (killed by the tests before a restart)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.doubles.scripted_llm",
+            "--port",
+            str(port),
+            "--tokens",
+            str(SAMPLED_TOKENS),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and "SCRIPTED_LLM_READY" in proc.stdout.readline()
+    proc.args = f"http://127.0.0.1:{port}"  # type: ignore[assignment]  # where the tests find its URL
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def ledger_rows(state: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    db = sqlite3.connect(f"file:{state / 'ledger.sqlite3'}?mode=ro", uri=True, timeout=10)
+    try:
+        return db.execute(sql, args).fetchall()
+    finally:
+        db.close()
+
+
+def wait_for(predicate: Any, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def durable(state: Path, job_id: str) -> str | None:
+    rows = ledger_rows(state, "SELECT status FROM jobs WHERE job_id=?", job_id)
+    return rows[0][0] if rows else None
+
+
+def gate(marker: Path) -> dict[str, Any]:
+    """A stage script that opens a sandbox and waits (in it) until the test creates ``marker``."""
+    return {"sandbox": True, "bash": f"test -f {marker} || sleep 600", "bash_timeout": 700}
+
+
+def assert_no_sandbox_left(state: Path, ids: set[str]) -> None:
+    for sid in ids:
+        assert procs.pids_with_env(sid) == [], "a sandbox process outlived the crash and the restart"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_a_job_stopped_inside_eval_resumes_at_eval_and_never_generates_again(
+    tmp_path: Path, llm: subprocess.Popen[str], sig: int
+) -> None:
+    state, marker = tmp_path / "state", tmp_path / "eval-may-finish"
+    svc = Service(state, free_port(), str(llm.args))
+    svc.start()
+    try:
+        with httpx.Client(base_url=svc.url, timeout=60) as client:
+            instance = {"data_source": "test.script", "run": {"generate": [5, 6, 7], "max_tokens": 5}}
+            instance["eval"] = {**gate(marker), "reward": 0.75}
+            r = client.post("/v1/jobs", json={"job_id": "graded", "instance": instance})
+            assert r.status_code == 202, r.text
+            wait_for(lambda: durable(state, "graded") == "eval", "the job did not reach EVAL")
+            ids = sandbox_ids(state)
+        [(body,)] = ledger_rows(state, "SELECT body FROM checkpoints WHERE job_id='graded' AND stage='run'")
+        committed = json.loads(body)["run_output"]
+        sampled = committed["turns"][0]
+        assert (
+            sampled["output_ids"] == [42] * SAMPLED_TOKENS and sampled["logprobs"] == [-0.25] * SAMPLED_TOKENS
+        )
+        svc.kill(sig)
+        llm.kill()  # nothing may generate after the restart
+        llm.wait()
+        marker.touch()
+        svc.start()
+        with httpx.Client(base_url=svc.url, timeout=60) as client:
+            res = client.get("/v1/jobs/graded/result", params={"wait": 60}).json()
+        assert res["status"] == "completed" and res["reward"] == 0.75, res
+        assert res["timing"]["resumed_at"] == "eval"
+        assert res["timing"]["run_s"] > 0  # RUN's time kept from before the restart
+        assert res["token_trajectory"] == committed["token_trajectory"]
+        assert res["turns"] == committed["turns"]  # token-exact: ids, logprobs, versions as sampled
+        trail = ledger_rows(
+            state, "SELECT status, detail FROM transitions WHERE job_id='graded' ORDER BY seq"
+        )
+        statuses = [s for s, _ in trail]
+        assert statuses.count("run") == 1 and statuses.count("init") == 1  # generated once, set up once
+        assert any("resumes at EVAL" in (d or "") or "resumed at EVAL" in (d or "") for _, d in trail)
+        assert_no_sandbox_left(state, ids)
+    finally:
+        svc.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_jobs_that_had_not_generated_run_again_in_their_place(
+    tmp_path: Path, llm: subprocess.Popen[str], sig: int
+) -> None:
+    state, marker = tmp_path / "state", tmp_path / "init-may-finish"
+    svc = Service(state, free_port(), str(llm.args))
+    svc.start()
+    order = ["busy-0", "busy-1", "low-a", "high", "low-b", "optout"]
+    try:
+        with httpx.Client(base_url=svc.url, timeout=60) as client:
+
+            def submit(job_id: str, **request: Any) -> None:
+                instance = {"data_source": "test.script", "init": gate(marker), "run": {"generate": [1]}}
+                r = client.post("/v1/jobs", json={"job_id": job_id, "instance": instance, **request})
+                assert r.status_code == 202, r.text
+
+            submit("busy-0")
+            submit("busy-1")  # the two INIT workers are now held
+            wait_for(lambda: durable(state, "busy-1") == "init", "INIT did not start")
+            submit("low-a")
+            submit("high", priority=5)
+            submit("low-b")
+            submit("optout", resume_on_restart=False)
+            assert {client.get(f"/v1/jobs/{j}").json()["status"] for j in order[2:]} == {"queued"}
+            ids = sandbox_ids(state)
+        svc.kill(sig)
+        marker.touch()
+        svc.start()
+        with httpx.Client(base_url=svc.url, timeout=60) as client:
+            results = {j: client.get(f"/v1/jobs/{j}/result", params={"wait": 60}).json() for j in order}
+            attempts = {j: client.get(f"/v1/jobs/{j}").json()["attempts"] for j in order[:-1]}
+        for job_id in order[:-1]:
+            res = results[job_id]
+            assert res["status"] == "completed" and res["reward"] == 1.0, (job_id, res)
+            assert res["timing"]["resumed_at"] == "init"
+        assert set(attempts.values()) == {1}
+        # after the restart INIT took them by priority, then in their old order
+        started = {
+            j: ledger_rows(state, "SELECT MAX(at) FROM transitions WHERE job_id=? AND status='init'", j)[0][0]
+            for j in order[:-1]
+        }
+        assert sorted(order[:-1], key=lambda j: started[j]) == ["busy-0", "busy-1", "high", "low-a", "low-b"]
+        opted = results["optout"]
+        assert (
+            opted["status"] == "failed"
+            and opted["error"]["kind"] == "interrupted"
+            and opted["reward"] is None
+        )
+        assert_no_sandbox_left(state, ids)
+    finally:
+        svc.stop()
+
+
+def test_a_close_answered_200_then_sigkill_is_graded_after_the_restart(
+    tmp_path: Path, llm: subprocess.Popen[str]
+) -> None:
+    state, marker = tmp_path / "state", tmp_path / "eval-may-finish"
+    svc = Service(state, free_port(), str(llm.args), tokenizer=prepare_tokenizer())
+    svc.start()
+    try:
+        with httpx.Client(base_url=svc.url, timeout=60) as client:
+            instance = {"data_source": "test.script", "eval": {**gate(marker), "reward": 1.0}}
+            opened = client.post("/v1/gateway/rollouts", json={"instance": instance})
+            assert opened.status_code == 201, opened.text
+            rollout = opened.json()
+            key = {"Authorization": f"Bearer {rollout['key']}"}
+            reply = client.post(
+                rollout["openai_base_url"] + "/chat/completions",
+                json={"model": rollout["model"], "messages": [{"role": "user", "content": "hi"}]},
+                headers=key,
+            )
+            assert reply.status_code == 200, reply.text
+            closed = client.post(rollout["close_url"], json={"answer": "42"}, headers=key)
+            assert closed.status_code == 200 and closed.json()["status"] == "closed", closed.text
+        svc.kill(signal.SIGKILL)  # at once: the close's answer is all the agent has
+        ids = sandbox_ids(state)
+        llm.kill()
+        llm.wait()
+        marker.touch()
+        svc.start()
+        with httpx.Client(base_url=svc.url, timeout=60) as client:
+            res = client.get(f"/v1/jobs/{rollout['job_id']}/result", params={"wait": 60}).json()
+        assert res["status"] == "completed" and res["reward"] == 1.0, res
+        assert res["timing"]["resumed_at"] == "eval"
+        [turn] = res["turns"]
+        assert turn["output_ids"] == [42] * SAMPLED_TOKENS and turn["logprobs"] == [-0.25] * SAMPLED_TOKENS
+        assert res["artifacts"]["external"]["closed"] is True
+        assert_no_sandbox_left(state, ids)
+    finally:
+        svc.stop()

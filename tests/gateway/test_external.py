@@ -159,6 +159,9 @@ async def test_an_external_agent_opens_drives_and_closes_a_rollout(
         sampled = [t for turn in out.turns if turn.segment == row for t in turn.output_ids]
         assert batch.responses[row][batch.loss_mask[row] == 1].tolist() == sampled
     assert svc.gateway is not None and svc.gateway.sessions == []
+    # the agent ran outside raas: math's INIT started no sandbox for it (the job's history lists every one)
+    trail = [status for status, _, _ in await svc.ledger.transitions(opened["job_id"])]
+    assert "init" in trail and "sandbox" not in trail
 
 
 async def test_keys_are_scoped_to_their_rollout_and_die_with_it(service: tuple[str, RolloutService]) -> None:

@@ -198,6 +198,8 @@ class Job:
     instance: dict[str, Any]
     trajectory_id: str
     sampling_params: dict[str, Any] = field(default_factory=dict)
+    external_rollout: bool = False
+    """The agent runs outside raas (``POST /v1/gateway/rollouts``): INIT need not start a sandbox for it."""
 
     @property
     def data_source(self) -> str:

@@ -159,6 +159,7 @@ class Admission:
             instance=instance,
             trajectory_id=str(instance.get("trajectory_id", job_id)),
             sampling_params=dict(request.sampling_params or {}),
+            external_rollout=request.external_rollout,
         )
         request = request.model_copy(update={"job_id": job_id})
         a = self._active_job(
@@ -206,6 +207,7 @@ class Admission:
             instance=request.instance,
             trajectory_id=row.trajectory_id or row.job_id,
             sampling_params=dict(request.sampling_params or {}),
+            external_rollout=request.external_rollout,
         )
         a = self._active_job(
             request, job, handler, priority=row.priority, created_at=row.created_at, attempts=row.attempts

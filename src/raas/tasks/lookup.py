@@ -179,6 +179,8 @@ class LookupHandler(TaskHandler):
 
     async def init(self, job: Job, sandboxes: JobSandboxes) -> Env:
         self.validate_instance(job.instance)
+        if job.external_rollout:  # its agent runs outside raas: no sandbox for it (EVAL opens its own)
+            return Env(job=job, sandboxes=sandboxes)
         sandbox = await sandboxes.open()
         path = f"{sandbox_workdir(sandbox).rstrip('/')}/{job.instance['file']}"
         await sandbox.tools.write_file(path, f"{job.instance['answer']}\n")

@@ -87,6 +87,8 @@ class MathHandler(TaskHandler):
 
     async def init(self, job: Job, sandboxes: JobSandboxes) -> Env:
         self.validate_instance(job.instance)
+        if job.external_rollout:  # its agent runs outside raas: no sandbox for it (EVAL opens its own)
+            return Env(job=job, sandboxes=sandboxes)
         sandbox = await sandboxes.open()
         return Env(job=job, sandboxes=sandboxes, sandbox=sandbox)
 

@@ -142,6 +142,8 @@ class CodeHandler(TaskHandler):
 
     async def init(self, job: Job, sandboxes: JobSandboxes) -> Env:
         spec = parse(job.instance)
+        if job.external_rollout:  # its agent runs outside raas: no sandbox for it (EVAL opens its own)
+            return Env(job=job, sandboxes=sandboxes)
         sandbox = await sandboxes.open()
         env = Env(job=job, sandboxes=sandboxes, sandbox=sandbox)
         if spec.kind == "function":

@@ -104,6 +104,8 @@ class StemHandler(TaskHandler):
 
     async def init(self, job: Job, sandboxes: JobSandboxes) -> Env:
         parse(job.instance)
+        if job.external_rollout:  # its agent runs outside raas: no sandbox for it (EVAL opens its own)
+            return Env(job=job, sandboxes=sandboxes)
         sandbox = await sandboxes.open()
         return Env(job=job, sandboxes=sandboxes, sandbox=sandbox)
 

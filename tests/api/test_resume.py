@@ -262,3 +262,140 @@ def test_a_close_answered_200_then_sigkill_is_graded_after_the_restart(
         assert_no_sandbox_left(state, ids)
     finally:
         svc.stop()
+
+
+class TurnServer:
+    """``tests.doubles.turn_llm`` as a process: completions ``start..`` of ``script``, blocking at
+    ``hold_at``, each request logged."""
+
+    def __init__(self, script: Path, log: Path, *, start: int = 0, hold_at: int | None = None) -> None:
+        port = free_port()
+        cmd = [sys.executable, "-m", "tests.doubles.turn_llm", "--port", str(port), "--script", str(script)]
+        cmd += ["--start", str(start), "--log", str(log)]
+        if hold_at is not None:
+            cmd += ["--hold-at", str(hold_at)]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None and "SCRIPTED_LLM_READY" in self.proc.stdout.readline()
+        self.url = f"http://127.0.0.1:{port}"
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def scripted_turns(tmp_path: Path, texts: list[str]) -> tuple[Path, list[dict[str, Any]]]:
+    """The policy's turns as completions of the embedded tokenizer (each ending in EOS, distinct
+    logprobs so a mix-up shows), written where :class:`TurnServer` reads them."""
+    from raas.llm.tokenizer import ChatTokenizer
+    from tests.agent.scripted import completions
+
+    tok = ChatTokenizer.from_pretrained(prepare_tokenizer())
+    script = [{"token_ids": c.token_ids, "logprobs": c.logprobs} for c in completions(tok, texts)]
+    path = tmp_path / "script.json"
+    path.write_text(json.dumps(script))
+    return path, script
+
+
+def requests_of(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def committed_turn_count(state: Path, job_id: str) -> int:
+    return len(ledger_rows(state, "SELECT 1 FROM checkpoints WHERE job_id=? AND stage LIKE 'turn:%'", job_id))
+
+
+MATH_EDITS = {"data_source": "math", "problem": "Edit mod.py so that x is 3, then answer x.", "answer": "3"}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_a_job_stopped_in_run_after_turn_k_replays_its_turns_and_samples_on(tmp_path: Path, sig: int) -> None:
+    """Two committed turns edit a file; the service stops while the job waits for turn 2. After the
+    restart a fresh INIT, the two tool calls executed again (their observations equal the committed
+    ones), and sampling goes on at turn 2 on the exact committed prefix: the file edits are there, and
+    the result is token-exact against what the two server processes sampled."""
+    from tests.agent.scripted import tool_call
+
+    texts = [
+        tool_call("bash", command="printf 'x = 1\\n' > mod.py && cat mod.py"),
+        tool_call("bash", command="sed -i 's/1/3/' mod.py && cat mod.py"),
+        tool_call("bash", command="cat mod.py"),
+        tool_call("finish", answer="3"),
+    ]
+    script_path, script = scripted_turns(tmp_path, texts)
+    state = tmp_path / "state"
+    first = TurnServer(script_path, tmp_path / "llm-1.log", hold_at=2)
+    svc = Service(state, free_port(), first.url, tokenizer=prepare_tokenizer())
+    svc.start()
+    second: TurnServer | None = None
+    try:
+        with httpx.Client(base_url=svc.url, timeout=60) as client:
+            r = client.post("/v1/jobs", json={"job_id": "edits", "instance": MATH_EDITS})
+            assert r.status_code == 202, r.text
+            wait_for(lambda: committed_turn_count(state, "edits") == 2, "two turns were not committed")
+            wait_for(lambda: len(requests_of(tmp_path / "llm-1.log")) == 3, "turn 2 was not asked for")
+            ids = sandbox_ids(state)
+        svc.kill(sig)
+        first.kill()
+        second = TurnServer(script_path, tmp_path / "llm-2.log", start=2)
+        svc.llm = second.url
+        svc.start()
+        with httpx.Client(base_url=svc.url, timeout=60) as client:
+            res = client.get("/v1/jobs/edits/result", params={"wait": 90}).json()
+        assert res["status"] == "completed" and res["reward"] == 1.0, res.get("error")
+        assert res["timing"]["resumed_at"] == "run"
+        assert res["artifacts"]["resumed"] == {"replayed_turns": 2, "committed_turns": 2}
+        assert [t["output_ids"] for t in res["turns"]] == [c["token_ids"] for c in script]
+        assert [t["logprobs"] for t in res["turns"]] == [c["logprobs"] for c in script]
+        # the restarted server sampled turns 2 and 3 only, turn 2 on exactly the committed prefix
+        asked = requests_of(tmp_path / "llm-2.log")
+        assert [a["completion"] for a in asked] == [2, 3]
+        before = requests_of(tmp_path / "llm-1.log")[2]["prompt_ids"]
+        assert asked[0]["prompt_ids"] == before
+        # the replayed edits rebuilt the file: turn 2's observation reads it
+        tools = [m["content"] for m in res["messages"] if m["role"] == "tool"]
+        assert tools[1].startswith("x = 3\n") and tools[2].startswith("x = 3\n"), tools
+        flat = res["token_trajectory"]
+        sampled = [t for c in script for t in c["token_ids"]]
+        assert [t for t, m in zip(flat["response_ids"], flat["loss_mask"], strict=True) if m] == sampled
+        assert_no_sandbox_left(state, ids)
+    finally:
+        svc.stop()
+        first.kill()
+        if second is not None:
+            second.kill()
+
+
+def test_a_replay_whose_tool_answers_differently_is_filtered_as_diverged(tmp_path: Path) -> None:
+    from tests.agent.scripted import tool_call
+
+    texts = [
+        tool_call("bash", command="date +%s%N"),  # another answer every time it runs
+        tool_call("bash", command="echo next"),
+        tool_call("finish", answer="3"),
+    ]
+    script_path, _ = scripted_turns(tmp_path, texts)
+    state = tmp_path / "state"
+    first = TurnServer(script_path, tmp_path / "llm-1.log", hold_at=2)
+    svc = Service(state, free_port(), first.url, tokenizer=prepare_tokenizer())
+    svc.start()
+    second: TurnServer | None = None
+    try:
+        with httpx.Client(base_url=svc.url, timeout=60) as client:
+            r = client.post("/v1/jobs", json={"job_id": "clock", "instance": MATH_EDITS})
+            assert r.status_code == 202, r.text
+            wait_for(lambda: committed_turn_count(state, "clock") == 2, "two turns were not committed")
+        svc.kill(signal.SIGKILL)
+        first.kill()
+        second = TurnServer(script_path, tmp_path / "llm-2.log", start=2)
+        svc.llm = second.url
+        svc.start()
+        with httpx.Client(base_url=svc.url, timeout=60) as client:
+            res = client.get("/v1/jobs/clock/result", params={"wait": 90}).json()
+        assert res["status"] == "failed" and res["reward"] is None and res["filter"] is True
+        assert res["error"]["kind"] == "replay_diverged" and res["error"]["stage"] == "run", res["error"]
+        assert requests_of(tmp_path / "llm-2.log") == []  # nothing sampled on a diverged history
+    finally:
+        svc.stop()
+        first.kill()
+        if second is not None:
+            second.kill()

@@ -10,7 +10,7 @@ per ``data_source`` (``ServiceConfig.handler_policies``).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,6 +57,13 @@ class StagePolicy(BaseModel):
 
     stage_timeouts: StageTimeouts = Field(default_factory=StageTimeouts)
     max_share: StageShares = Field(default_factory=StageShares)
+    resume: Literal["replay", "restart", "fail"] = Field(
+        "replay",
+        description="What a restart does with a job inside RUN: 'replay' its committed turns in a fresh "
+        "sandbox and go on sampling (a tool that answers differently ends it failed/replay_diverged); "
+        "'restart' it from INIT, generating anew; 'fail' it (interrupted). Jobs past RUN always resume at "
+        "EVAL and jobs before RUN always run again.",
+    )
 
     def overridden_by(self, override: StagePolicy) -> StagePolicy:
         """This policy with every setting ``override`` states explicitly (``None`` included) replaced."""

@@ -191,9 +191,25 @@ class Admission:
         self.scheduler.enqueue(a, "init")
         return SubmitResponse(job_id=job.job_id, status="queued", created=True)
 
-    async def readmit(self, row: LedgerJob, checkpoint: dict[str, Any] | None = None) -> None:
-        """Put a job the ledger re-queued after a restart back into the INIT queue, or (with its committed
-        RUN ``checkpoint``) into the EVAL queue, its RUN output restored as it was generated."""
+    def resume_in_run(self, data_source: str | None) -> str:
+        """What a restart does with a job of ``data_source`` inside RUN (its stage policy's ``resume``;
+        ``fail`` for a data source no handler serves any more)."""
+        try:
+            handler = self.layers.handlers.get(str(data_source or ""))
+        except RaasError:
+            return "fail"
+        return self.layers.policy_for(str(data_source), handler).resume
+
+    async def readmit(
+        self,
+        row: LedgerJob,
+        checkpoint: dict[str, Any] | None = None,
+        *,
+        replay: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Put a job the ledger re-queued after a restart back into the INIT queue (with RUN's committed
+        turns to ``replay``, if any), or (with its committed RUN ``checkpoint``) into the EVAL queue, its
+        RUN output restored as it was generated."""
         try:
             request = JobRequest.model_validate(row.request)
             handler = self.validate(request)
@@ -217,7 +233,8 @@ class Admission:
         self.table.add(a)
         self.table.publish(a)
         if checkpoint is None or run_output is None:
-            a.resumed_at = "init"
+            a.resumed_at = "run" if replay is not None else "init"
+            a.replay = replay
             self.scheduler.enqueue(a, "init")
             return
         timing = checkpoint.get("timing") or {}

@@ -98,6 +98,16 @@ class Endings:
             self.table.leave_for_restart(a, "queued_eval", "stopped by shutdown; resumes at EVAL on restart")
         elif request.resume_on_restart and not request.external_rollout and a.status in NOT_STARTED:
             self.table.leave_for_restart(a, "queued", "stopped by shutdown before RUN; re-queued for restart")
+        elif (
+            request.resume_on_restart
+            and not request.external_rollout
+            and a.status == "run"
+            and a.policy.resume != "fail"
+        ):
+            # left in RUN: the next start replays its committed turns, or starts it again (its policy)
+            self.table.leave_for_restart(
+                a, "run", f"stopped by shutdown in RUN; {a.policy.resume} on restart"
+            )
         elif request.retry_on_restart and not request.external_rollout:
             # left in its stage: the next start counts the attempt and runs it again from INIT
             self.table.leave_for_restart(

@@ -405,11 +405,22 @@ class Ledger:
 
     # -- recovery and retention --------------------------------------------------------------------------
 
-    async def recover(self, *, max_attempts: int, now: float | None = None) -> Recovery:
-        """Re-queue, resume at EVAL or close as interrupted every job a previous run left unfinished
-        (:mod:`raas.pipeline.ledger_recovery`). Nothing is dropped silently."""
+    async def recover(
+        self,
+        *,
+        max_attempts: int,
+        now: float | None = None,
+        resume_in_run: Callable[[str | None], str] | None = None,
+    ) -> Recovery:
+        """Re-queue, resume (at EVAL, or by replaying RUN's committed turns) or close as interrupted every
+        job a previous run left unfinished (:mod:`raas.pipeline.ledger_recovery`); ``resume_in_run`` gives
+        a data source's choice for a job inside RUN (default ``fail``). Nothing is dropped silently."""
         at = time.time() if now is None else now
-        return await self._call(lambda conn: ledger_recovery.recover(conn, max_attempts=max_attempts, at=at))
+        return await self._call(
+            lambda conn: ledger_recovery.recover(
+                conn, max_attempts=max_attempts, at=at, resume_in_run=resume_in_run
+            )
+        )
 
     async def checkpoint(self, job_id: str, stage: str, body: str, at: float) -> None:
         """Commit a stage's output (``run``: what EVAL needs to grade the job without generating again);
@@ -426,6 +437,18 @@ class Ledger:
             )
 
         await self._call(op)
+
+    def checkpoint_turn(self, job_id: str, stage: str, body: str, at: float) -> None:
+        """Add one turn checkpoint (:mod:`raas.pipeline.turns`). Fire-and-forget, ordered with every other
+        write and committed with its group: a crash loses at most the newest turns."""
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR REPLACE INTO checkpoints (job_id, stage, body, at) VALUES (?,?,?,?)",
+                (job_id, stage, body, at),
+            )
+
+        self._submit(op, wait=False)
 
     async def checkpoint_of(self, job_id: str, stage: str) -> str | None:
         def op(conn: sqlite3.Connection) -> str | None:

@@ -3,21 +3,25 @@
 Why per stage: a job that has generated nothing yet (queued, in INIT, waiting for RUN) loses nothing by
 running again, so it goes back to the queue in its place (``created_at`` order) with its priority; a job
 whose RUN output was committed (a stage checkpoint: :meth:`~raas.pipeline.ledger.Ledger.checkpoint`)
-resumes at EVAL and never generates again; a job inside RUN without one starts again from INIT when it
-asked for ``retry_on_restart`` and otherwise ends ``failed``/``interrupted`` (filtered, no reward). A
-request with ``resume_on_restart: false`` keeps the old all-or-nothing behaviour, and an external rollout
-resumes only once closed (its agent is gone with the old process).
+resumes at EVAL and never generates again; a job inside RUN goes by its data source's ``resume`` policy:
+``replay`` re-queues it with its committed turns (:mod:`raas.pipeline.turns`), ``restart`` runs it again
+from INIT (an attempt, as ``retry_on_restart`` asks for any data source), ``fail`` ends it
+``failed``/``interrupted`` (filtered, no reward). A request with ``resume_on_restart: false`` keeps the old
+all-or-nothing behaviour, and an external rollout resumes only once closed (its agent is gone with the old
+process).
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from raas.core.jobs import TERMINAL, ErrorInfo, JobResult, Timing
 from raas.pipeline.ledger_rows import LedgerJob, row_of
+from raas.pipeline.turns import TURN_STAGE, committed_turns
 
 _TERMINAL_SQL = "(" + ",".join(f"'{s}'" for s in sorted(TERMINAL)) + ")"
 
@@ -36,7 +40,8 @@ _STAGE_OF_STATUS = {
 
 @dataclass
 class Resumed:
-    """A job that goes on at EVAL with its committed RUN output (the checkpoint's body)."""
+    """A job that goes on with what it committed: at EVAL with its RUN output (``checkpoint`` is that
+    stage checkpoint's body), or from INIT replaying RUN's committed turns (``{"turns": [...]}``)."""
 
     job: LedgerJob
     checkpoint: dict[str, Any]
@@ -49,6 +54,7 @@ class Recovery:
 
     requeued: list[LedgerJob] = field(default_factory=list)
     resumed: list[Resumed] = field(default_factory=list)
+    replayed: list[Resumed] = field(default_factory=list)
     interrupted: list[str] = field(default_factory=list)
 
 
@@ -64,7 +70,13 @@ def _mark(conn: sqlite3.Connection, job: LedgerJob, status: str, at: float, deta
     job.status = status
 
 
-def recover(conn: sqlite3.Connection, *, max_attempts: int, at: float) -> Recovery:
+def recover(
+    conn: sqlite3.Connection,
+    *,
+    max_attempts: int,
+    at: float,
+    resume_in_run: Callable[[str | None], str] | None = None,
+) -> Recovery:
     """Decide, and record, what becomes of every unfinished job (see the module docstring)."""
     rows = [
         row_of(r)
@@ -79,26 +91,49 @@ def recover(conn: sqlite3.Connection, *, max_attempts: int, at: float) -> Recove
     }
     out = Recovery()
     for job in rows:
-        resume = job.request.get("resume_on_restart", True) is not False
-        external = job.request.get("external_rollout", False) is True
-        body = checkpoints.get(job.job_id)
-        checkpoint = _parsed(body)
+        resume = job.request.get("resume_on_restart", True) is not False and not (
+            job.request.get("external_rollout", False) is True and job.job_id not in checkpoints
+        )
+        checkpoint = _parsed(checkpoints.get(job.job_id))
+        in_run = "fail"
+        if resume and job.status == "run" and resume_in_run is not None:
+            in_run = resume_in_run(job.data_source)
         if resume and checkpoint is not None:
             _mark(
                 conn, job, "queued_eval", at, "resumed at EVAL after a restart: its RUN output was committed"
             )
             out.resumed.append(Resumed(job, checkpoint))
-        elif resume and not external and job.status in NOT_STARTED:
+        elif resume and job.status in NOT_STARTED:
             _mark(
                 conn, job, "queued", at, f"re-queued after a restart in {job.status}: nothing generated yet"
             )
             out.requeued.append(job)
-        elif job.retry_on_restart and job.attempts < max_attempts and not external:
+        elif in_run == "replay" and job.attempts < max_attempts:
+            turns = committed_turns(
+                conn.execute(
+                    "SELECT stage, body FROM checkpoints WHERE job_id=? AND stage LIKE ?",
+                    (job.job_id, TURN_STAGE + "%"),
+                ).fetchall()
+            )
+            job.attempts += 1
+            _mark(
+                conn,
+                job,
+                "queued",
+                at,
+                f"re-queued after a restart in RUN to replay {len(turns)} committed turns",
+            )
+            out.replayed.append(Resumed(job, {"turns": turns}))
+        elif (
+            (in_run == "restart" or job.retry_on_restart)
+            and job.attempts < max_attempts
+            and (resume or job.request.get("external_rollout") is not True)
+        ):
             job.attempts += 1
             _mark(conn, job, "queued", at, f"re-queued after restart (attempt {job.attempts})")
             out.requeued.append(job)
         else:
-            _interrupt(conn, job, at, external=external)
+            _interrupt(conn, job, at, external=job.request.get("external_rollout", False) is True)
             out.interrupted.append(job.job_id)
     return out
 

@@ -14,6 +14,7 @@ the jobs of other data sources behind it, so a ten-minute SWE evaluation cannot 
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import logging
@@ -22,17 +23,19 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from raas.core import metrics
 from raas.core.jobs import QUEUED_FOR, STAGES, StageName
 from raas.core.trajectory import EvalOutput, RunOutput
 from raas.errors import RaasError
+from raas.llm import LLMBalancer
 from raas.pipeline.clock import Budget, PauseClock, run_within
 from raas.pipeline.endings import Endings
 from raas.pipeline.external import is_external, run_external
 from raas.pipeline.prewarm import Prewarm
 from raas.pipeline.table import ActiveJob, JobTable, settle
+from raas.pipeline.turns import TurnRecorder
 from raas.pipeline.wiring import Layers
 from raas.tasks.base import Env
 
@@ -51,7 +54,15 @@ async def _call_run(a: ActiveJob, layers: Layers) -> object:
     assert a.env is not None
     if is_external(a, layers):  # the agent runs outside raas and talks to the gateway
         return await run_external(a, layers)
-    return await a.handler.run(a.job, a.env, layers.llm_context(a.job))
+    llm = layers.llm_context(a.job)
+    if a.policy.resume == "replay" and layers.commit_turn is not None:
+        recorder = TurnRecorder(llm.balancer, functools.partial(layers.commit_turn, a.job_id), a.replay or ())
+        llm.balancer = cast(LLMBalancer, recorder)
+        try:
+            return await a.handler.run(a.job, a.env, llm)
+        finally:
+            a.replayed_turns = recorder.replayed
+    return await a.handler.run(a.job, a.env, llm)
 
 
 async def _call_eval(a: ActiveJob, layers: Layers) -> object:
@@ -71,6 +82,8 @@ def _keep_run_output(a: ActiveJob, out: Any) -> None:
     a.run_output = out
     assert a.env is not None
     a.env.run_output = out
+    if a.replay is not None:  # resumed after a restart: say how much of RUN was replayed, not sampled
+        out.artifacts["resumed"] = {"replayed_turns": a.replayed_turns, "committed_turns": len(a.replay)}
 
 
 def _keep_nothing(a: ActiveJob, out: Any) -> None:

@@ -71,6 +71,7 @@ class RolloutService:
         self.table = JobTable(self.ledger, self.bus, config.result_cache_size)
         self.layers.group_pending = self.table.group_pending
         self.layers.sandbox_opened = self.table.sandbox_opened
+        self.layers.commit_turn = self.table.commit_turn
         self.pauses = PauseClock()
         self.endings = Endings(self.layers, self.table, config.hook_timeout_s)
         self._auto_bounds = auto_worker_bounds(config)
@@ -145,21 +146,27 @@ class RolloutService:
             await self.ledger.open()
             await self.layers.start()
             self.handlers.warm_up()
-            recovery = await self.ledger.recover(max_attempts=self.config.max_attempts)
+            recovery = await self.ledger.recover(
+                max_attempts=self.config.max_attempts, resume_in_run=self.admission.resume_in_run
+            )
             if recovery.interrupted:
                 log.warning("closed %d jobs interrupted by the previous run", len(recovery.interrupted))
                 for _ in recovery.interrupted:
                     metrics.count_error("queue", "interrupted")
                     metrics.count_finished("failed")
-            if recovery.resumed or recovery.requeued:
+            if recovery.resumed or recovery.requeued or recovery.replayed:
                 log.info(
-                    "after a restart: %d jobs resume at EVAL, %d run again from INIT",
+                    "after a restart: %d jobs resume at EVAL, %d replay their committed turns, %d run "
+                    "again from INIT",
                     len(recovery.resumed),
+                    len(recovery.replayed),
                     len(recovery.requeued),
                 )
             # in their old order (created_at) within each queue, with their priorities
             for resumed in recovery.resumed:
                 await self.admission.readmit(resumed.job, resumed.checkpoint)
+            for replayed in recovery.replayed:
+                await self.admission.readmit(replayed.job, replay=replayed.checkpoint["turns"])
             for row in recovery.requeued:
                 await self.admission.readmit(row)
             self.scheduler.spawn(self._prune_loop(), name="raas-ledger-prune")

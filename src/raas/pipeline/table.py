@@ -34,6 +34,7 @@ from raas.errors import RaasError
 from raas.pipeline.events import EventBus
 from raas.pipeline.ledger import Ledger
 from raas.pipeline.prewarm import Prewarm
+from raas.pipeline.turns import turn_stage
 from raas.sandbox.base import Sandbox
 from raas.tasks.base import Env, JobSandboxes, TaskHandler
 
@@ -73,6 +74,9 @@ class ActiveJob:
     """Its RUN output is committed to the ledger (a restart resumes it at EVAL)."""
     resumed_at: str | None = None
     """Where it went on after a restart (``Timing.resumed_at``)."""
+    replay: list[dict[str, Any]] | None = None
+    """RUN's committed turns, to replay after a restart (:mod:`raas.pipeline.turns`)."""
+    replayed_turns: int = 0
     acknowledge: asyncio.Future[bool] | None = None
     """Told whether RUN's output was committed (True) or the job ended first (False): an external rollout's
     close is answered only then."""
@@ -195,6 +199,10 @@ class JobTable:
             "image": getattr(sandbox.config, "image", None),
         }
         self.ledger.note(job_id, "sandbox", time.time(), json.dumps(detail))
+
+    def commit_turn(self, job_id: str, index: int, body: str) -> None:
+        """One turn of a job's RUN, for a replay after a restart (:mod:`raas.pipeline.turns`)."""
+        self.ledger.checkpoint_turn(job_id, turn_stage(index), body, time.time())
 
     async def record_result(self, a: ActiveJob, result: JobResult) -> None:
         """The job ended: commit ``result`` to the ledger, then let everyone see it."""

@@ -67,6 +67,8 @@ class Layers:
         """Set by the service: does a job of these groups, not among these job ids, still wait for INIT?"""
         self.sandbox_opened: Callable[[str, Sandbox], None] | None = None
         """Set by the service: a job (its id) opened this sandbox."""
+        self.commit_turn: Callable[[str, int, str], None] | None = None
+        """Set by the service: commit a job's RUN turn (its id, the turn's index, the record)."""
 
     async def start(self) -> None:
         """Register ``extra_handlers`` and build what was not injected."""

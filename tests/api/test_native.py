@@ -50,7 +50,16 @@ async def test_submit_poll_long_poll_and_result(make_api: APIFactory) -> None:
         "timing",
     }
     assert body["segments"] == []  # one token sequence
-    assert set(body["timing"]) == {"queue_s", "init_s", "run_s", "eval_s", "total_s", "prewarm_s"}
+    assert set(body["timing"]) == {
+        "queue_s",
+        "init_s",
+        "run_s",
+        "eval_s",
+        "total_s",
+        "prewarm_s",
+        "resumed_at",
+    }
+    assert body["timing"]["resumed_at"] is None  # it ran in one go
     assert body["timing"]["run_s"] >= 0.5
     info = (await c.get("/v1/jobs/job-a")).json()
     assert info["status"] == "completed" and info["data_source"] == "test.script"

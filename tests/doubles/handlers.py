@@ -6,7 +6,8 @@
 * ``sleep``: seconds to ``asyncio.sleep`` (lets tests hold a job inside a stage);
 * ``sandbox``: true to open a sandbox through ``JobSandboxes`` (``env.sandbox``) and ``bash`` to run in it;
 * ``bash``: a command run in ``env.sandbox`` (RUN/EVAL) — a long one lets a test kill the sandbox mid-stage;
-* ``generate``: a list of prompt token ids sent through ``llm.balancer.generate`` (RUN only);
+* ``generate``: a list of prompt token ids sent through ``llm.balancer.generate`` (RUN only); with
+  ``turns: n``, ``n`` calls, each prompt extending the previous one by its output and :data:`OBSERVATION`;
 * ``raise``: a message; raised as ``RaasError(kind=instance[stage]["kind"])`` if ``kind`` is set, else as
   ``RuntimeError``;
 * ``reward`` / ``resolved`` (EVAL): what to score.
@@ -67,21 +68,28 @@ class StageScriptHandler(TaskHandler):
             prompt = [int(t) for t in script["generate"]]
             chosen = {k: v for k, v in job.sampling_params.items() if k in SamplingParams.model_fields}
             sampling = SamplingParams(**{**chosen, "max_tokens": int(script.get("max_tokens", 4))})
-            res = await llm.balancer.generate(prompt, sampling, trajectory_id=job.trajectory_id)
-            turns.append(
-                Turn(
-                    index=0,
-                    prompt_ids=prompt,
-                    prompt_is_delta=False,
-                    prompt_len=len(prompt),
-                    output_ids=list(res.output_ids),
-                    logprobs=list(res.logprobs),
-                    finish_reason=str(res.finish_reason),
-                    latency_s=res.latency_s,
-                    server=res.server,
-                    weight_version=res.weight_version,  # stamped as the agent loop stamps it
+            seq, delta = list(prompt), list(prompt)
+            for k in range(int(script.get("turns", 1))):  # later turns: the output, then an "observation"
+                res = await llm.balancer.generate(seq, sampling, trajectory_id=job.trajectory_id)
+                turns.append(
+                    Turn(
+                        index=k,
+                        prompt_ids=delta,
+                        prompt_is_delta=k > 0,
+                        prompt_len=len(seq),
+                        output_ids=list(res.output_ids),
+                        logprobs=list(res.logprobs),
+                        finish_reason=str(res.finish_reason),
+                        latency_s=res.latency_s,
+                        server=res.server,
+                        weight_version=res.weight_version,  # stamped as the agent loop stamps it
+                    )
                 )
-            )
+                delta = list(OBSERVATION)
+                seq += list(res.output_ids) + delta
+        if len(turns) > 1:
+            await self._steps("run", job, env)
+            return _multi_turn(prompt, turns, str(script.get("answer", "42")))
         await self._steps("run", job, env)
         response = turns[0].output_ids if turns else [7, 8]
         return RunOutput(
@@ -113,6 +121,33 @@ class StageScriptHandler(TaskHandler):
 
     async def on_error(self, stage: str, job: Job, env: Env | None, exc: BaseException) -> None:
         self.hook_calls.append((job.job_id, stage, type(exc).__name__))
+
+
+OBSERVATION = (9, 9)
+"""What the environment adds between two turns of a multi-turn ``generate`` script."""
+
+
+def _multi_turn(prompt: list[int], turns: list[Turn], answer: str) -> RunOutput:
+    """The token record of ``turns`` as an agent loop builds it: outputs sampled, observations masked."""
+    response: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float | None] = []
+    for turn in turns:
+        if turn.index:
+            response += turn.prompt_ids
+            mask += [0] * len(turn.prompt_ids)
+            logprobs += [0.0] * len(turn.prompt_ids)
+        response += turn.output_ids
+        mask += [1] * len(turn.output_ids)
+        logprobs += list(turn.logprobs)
+    return RunOutput(
+        turns=turns,
+        token_trajectory=TokenTrajectory(
+            prompt_ids=prompt, response_ids=response, loss_mask=mask, logprobs=logprobs
+        ),
+        finish_reason="finish_tool",
+        answer=answer,
+    )
 
 
 def script_registry() -> HandlerRegistry:

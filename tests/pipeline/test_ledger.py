@@ -107,6 +107,9 @@ async def test_recover_requeues_resumes_or_interrupts_each_job_by_what_it_had_do
         await ledger.checkpoint(job_id, "run", json.dumps({"run_output": {"answer": job_id}}), 150.0)
     await _insert(ledger, "again", retry=True, at=at + 1)
     ledger.transition("again", "run", 150.0)
+    await _insert(ledger, "stop-me", at=at + 2)
+    ledger.transition("stop-me", "run", 150.0)
+    await ledger.request_cancel("stop-me", 151.0)  # acknowledged, then the crash before it stopped
     await ledger.close()  # the service "died" here
 
     ledger = Ledger(tmp_path / "l.db")
@@ -119,6 +122,9 @@ async def test_recover_requeues_resumes_or_interrupts_each_job_by_what_it_had_do
         ("ext-c", "ext-c"),
     ]
     assert sorted(recovery.interrupted) == ["e", "ext-q", "optout", "optout-c", "r"]
+    assert recovery.cancelled == ["stop-me"]
+    stopped = await ledger.get("stop-me")
+    assert stopped is not None and stopped.status == "cancelled" and stopped.result["reward"] is None  # type: ignore[index]
     for job_id in ("q", "i", "w"):
         row = await ledger.get(job_id)
         assert row is not None and row.status == "queued"

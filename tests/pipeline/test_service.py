@@ -275,10 +275,12 @@ async def test_sandbox_killed_mid_run(
 async def test_graceful_shutdown(make_service: ServiceFactory, tmp_path: object) -> None:
     svc = await make_service(state_dir=tmp_path / "gs")  # type: ignore[operator]
     quick = await submit(svc, script(run={"sleep": 0.3}))
-    stuck = await submit(svc, script(run={"sleep": 60}))
+    stuck = await submit(svc, script(run={"sleep": 60}), resume_on_restart=False)
     retry = await submit(svc, script(run={"sleep": 60}), retry_on_restart=True)
+    replay = await submit(svc, script(run={"sleep": 60}))  # inside RUN: left to replay its turns
     await reach(svc, quick, "run")
     await reach(svc, retry, "run")
+    await reach(svc, replay, "run")
     await svc.shutdown(grace_s=1.5)
     with pytest.raises(NotAccepting):
         await svc.submit(JobRequest(instance=script()))
@@ -291,6 +293,9 @@ async def test_graceful_shutdown(make_service: ServiceFactory, tmp_path: object)
     assert info.attempts == 2
     await again.cancel(retry)  # it was re-queued and is running again: stop it
     assert (await again.result(retry)).status == "cancelled"  # type: ignore[union-attr]
+    info = await again.get(replay)
+    assert info.attempts == 2 and info.status in ("queued", "init", "queued_run", "run")
+    await again.cancel(replay)
 
 
 @pytest.mark.parametrize("name", ["max_turns", "max_iterations"])

@@ -198,7 +198,8 @@ class Admission:
             handler = self.layers.handlers.get(str(data_source or ""))
         except RaasError:
             return "fail"
-        return self.layers.policy_for(str(data_source), handler).resume
+        resume = self.layers.policy_for(str(data_source), handler).resume
+        return "fail" if resume == "replay" and not self.layers.config.checkpoints else resume
 
     async def readmit(
         self,

@@ -114,7 +114,16 @@ class ServiceConfig(BaseModel):
     result_cache_size: int = Field(
         64, ge=0, description="Finished results kept in memory for fast polling (the ledger has them all)"
     )
-    max_attempts: int = Field(3, ge=1, description="Restarts a retry_on_restart job may survive")
+    max_attempts: int = Field(
+        3,
+        ge=1,
+        description="Restarts a job inside RUN may survive (retry_on_restart, resume: replay/restart)",
+    )
+    checkpoints: bool = Field(
+        True,
+        description="Commit RUN's output and each of its turns, so a restart resumes a job at EVAL or replays "
+        "its turns; False: a restart fails (or, with retry_on_restart, restarts) every job past INIT",
+    )
 
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")
     max_instance_bytes: int = Field(

@@ -34,7 +34,7 @@ from raas.errors import RaasError
 from raas.pipeline import ledger_integrity as integrity
 from raas.pipeline import ledger_recovery
 from raas.pipeline.ledger_integrity import LedgerCorrupt
-from raas.pipeline.ledger_recovery import Recovery
+from raas.pipeline.ledger_recovery import CANCEL_REQUESTED, Recovery
 from raas.pipeline.ledger_rows import LedgerJob, row_of
 from raas.pipeline.ledger_search import INDEXES
 
@@ -351,6 +351,18 @@ class Ledger:
             )
 
         self._submit(op, wait=False)
+
+    async def request_cancel(self, job_id: str, at: float) -> None:
+        """Commit that ``job_id`` was asked to stop (returns once on disk): a restart before its
+        ``cancelled`` result is written still ends it cancelled instead of resuming it."""
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
+                (job_id, CANCEL_REQUESTED, at, None),
+            )
+
+        await self._call(op)
 
     async def finish(self, result: JobResult, at: float) -> None:
         """Record a terminal result (committed when this returns)."""

@@ -25,6 +25,9 @@ from raas.pipeline.turns import TURN_STAGE, committed_turns
 
 _TERMINAL_SQL = "(" + ",".join(f"'{s}'" for s in sorted(TERMINAL)) + ")"
 
+CANCEL_REQUESTED = "cancel_requested"
+"""A job's history entry: someone asked to stop it (committed before the cancel is answered)."""
+
 NOT_STARTED = ("queued", "init", "queued_run")
 """States in which a job has generated nothing: running it again from INIT loses nothing."""
 
@@ -56,6 +59,8 @@ class Recovery:
     resumed: list[Resumed] = field(default_factory=list)
     replayed: list[Resumed] = field(default_factory=list)
     interrupted: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    """Jobs whose cancel was acknowledged before the restart: ended ``cancelled``."""
 
 
 def _mark(conn: sqlite3.Connection, job: LedgerJob, status: str, at: float, detail: str) -> None:
@@ -89,8 +94,21 @@ def recover(
             f"WHERE c.stage = 'run' AND j.status NOT IN {_TERMINAL_SQL}"
         )
     }
+    cancelled = {
+        job_id
+        for (job_id,) in conn.execute(
+            f"SELECT DISTINCT t.job_id FROM transitions t JOIN jobs j ON j.job_id = t.job_id "
+            f"WHERE t.status = '{CANCEL_REQUESTED}' AND j.status NOT IN {_TERMINAL_SQL}"
+        )
+    }
     out = Recovery()
     for job in rows:
+        if job.job_id in cancelled:  # its cancel was acknowledged: it stays cancelled
+            _close(
+                conn, job, at, "cancelled", "cancelled", "cancelled; the service restarted before it stopped"
+            )
+            out.cancelled.append(job.job_id)
+            continue
         resume = job.request.get("resume_on_restart", True) is not False and not (
             job.request.get("external_rollout", False) is True and job.job_id not in checkpoints
         )
@@ -149,28 +167,36 @@ def _parsed(body: str | None) -> dict[str, Any] | None:
 
 
 def _interrupt(conn: sqlite3.Connection, job: LedgerJob, at: float, *, external: bool) -> None:
-    stage = _STAGE_OF_STATUS.get(job.status, "queue")
     reason = "the service stopped while the job was in flight"
     if external:
         reason += "; an external rollout's agent does not survive a restart unless it had closed"
     elif job.retry_on_restart:
         reason += f"; gave up after {job.attempts} attempts"
+    _close(conn, job, at, "failed", "interrupted", reason)
+
+
+def _close(conn: sqlite3.Connection, job: LedgerJob, at: float, status: str, kind: str, reason: str) -> None:
+    """End ``job`` with a typed, filtered result and no reward."""
     result = JobResult(
         job_id=job.job_id,
         instance_id=job.instance_id,
         trajectory_id=job.trajectory_id,
-        status="failed",
-        error=ErrorInfo(stage=stage, kind="interrupted", message=f"{reason} (last state {job.status})"),
+        status=status,
+        error=ErrorInfo(
+            stage=_STAGE_OF_STATUS.get(job.status, "queue"),
+            kind=kind,
+            message=f"{reason} (last state {job.status})",
+        ),
         filter=True,
         timing=Timing(total_s=max(0.0, at - job.created_at)),
     )
     error = result.error.model_dump_json() if result.error else None
     conn.execute(
-        "UPDATE jobs SET status='failed', result=?, error=?, updated_at=?, finished_at=? WHERE job_id=?",
-        (result.model_dump_json(), error, at, at, job.job_id),
+        "UPDATE jobs SET status=?, result=?, error=?, updated_at=?, finished_at=? WHERE job_id=?",
+        (status, result.model_dump_json(), error, at, at, job.job_id),
     )
     conn.execute(
         "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
-        (job.job_id, "failed", at, error),
+        (job.job_id, status, at, error),
     )
     conn.execute("DELETE FROM checkpoints WHERE job_id=?", (job.job_id,))

@@ -55,7 +55,7 @@ async def _call_run(a: ActiveJob, layers: Layers) -> object:
     if is_external(a, layers):  # the agent runs outside raas and talks to the gateway
         return await run_external(a, layers)
     llm = layers.llm_context(a.job)
-    if a.policy.resume == "replay" and layers.commit_turn is not None:
+    if a.policy.resume == "replay" and layers.commit_turn is not None and layers.config.checkpoints:
         recorder = TurnRecorder(llm.balancer, functools.partial(layers.commit_turn, a.job_id), a.replay or ())
         llm.balancer = cast(LLMBalancer, recorder)
         try:
@@ -348,7 +348,7 @@ class Scheduler:
             closing = time.monotonic()
             await self.endings.close_sandboxes(a)
             a.stage_s[stage] += time.monotonic() - closing  # reported as this stage's time, not budgeted
-        if spec.checkpoint and not a.checkpointed:
+        if spec.checkpoint and not a.checkpointed and self.layers.config.checkpoints:
             await self.table.checkpoint_run(a)  # a restart now resumes the job here, never generating again
         settle(a, committed=a.checkpointed)
         self._next(a, spec.next)

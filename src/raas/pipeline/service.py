@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -154,6 +155,8 @@ class RolloutService:
                 for _ in recovery.interrupted:
                     metrics.count_error("queue", "interrupted")
                     metrics.count_finished("failed")
+            for _ in recovery.cancelled:
+                metrics.count_finished("cancelled")
             if recovery.resumed or recovery.requeued or recovery.replayed:
                 log.info(
                     "after a restart: %d jobs resume at EVAL, %d replay their committed turns, %d run "
@@ -256,6 +259,9 @@ class RolloutService:
         a = self.table.get(job_id)
         if a is None:
             return await self.get(job_id)
+        if a.result is None and a.cancel_reason is None:
+            # acknowledged is durable: a restart before the cancelled result is written still cancels it
+            await self.ledger.request_cancel(job_id, time.time())
         self.scheduler.cancel(a, "cancelled")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(a.done.wait()), self.config.cancel_grace_s + 1.0)

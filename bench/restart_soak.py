@@ -14,7 +14,7 @@ Reported (JSON in ``bench/results/restart_soak.json``, or ``--output``):
 * the end: every acknowledged job has exactly one terminal result (``lost`` = 0), every reward is the one
   its id determines and only completed jobs have one (``fabricated`` = 0), no sandbox process or record is
   left (``orphans`` = 0); the inference server's request count against the turns the results hold
-  (``turns_regenerated``: sampled again after a restart);
+  (``turns_regenerated``: turns a kill cut off mid-generation, sampled again after the restart);
 * throughput (jobs/s) and the ledger's size.
 
 Run it twice without kills (``--kills 0``, then ``--kills 0 --no-checkpoints``) to see what the
@@ -133,7 +133,8 @@ class Processes:
     def start_llm(self) -> None:
         cmd = [sys.executable, "-m", "tests.doubles.scripted_llm", "--port", str(self.llm_port), "--tokens", "8"]
         cmd += ["--capacity", "128", "--tokens-per-s", "400"]
-        self.llm = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
+        with open(self.work / "llm.log", "ab") as log:  # its tracebacks of cut connections stay there
+            self.llm = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
         assert self.llm.stdout is not None and "SCRIPTED_LLM_READY" in self.llm.stdout.readline()
 
     def llm_requests(self) -> int:
@@ -270,7 +271,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "llm_requests": llm_requests,
         "turns_in_results": turns_in_results,
         "turns_replayed": replayed_turns,
-        "turns_regenerated": llm_requests - (turns_in_results - replayed_turns),
+        # asked of the server but in no result: turns a kill cut off while they were generated (sampled
+        # again after the restart); a replayed turn was sampled once, before the kill
+        "turns_regenerated": llm_requests - turns_in_results,
         "wall_s": round(wall, 1),
         "jobs_per_s": round(args.jobs / wall, 1),
         "ledger_bytes": size,

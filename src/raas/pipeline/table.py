@@ -248,20 +248,21 @@ class JobTable:
     async def checkpoint_run(self, a: ActiveJob) -> bool:
         """Commit what EVAL needs to grade ``a`` without generating again (its RUN output, the JSON part of
         its INIT state, its timings so far); True once on disk. A failed write only costs resumability."""
-        if a.run_output is None:
+        run_output = a.run_output
+        if run_output is None:
             return False
-        data = a.env.data if a.env is not None else {}
-        body = {
-            "run_output": a.run_output.model_dump(mode="json"),
-            "env_data": {k: v for k, v in data.items() if _jsonable(v)},
-            "timing": {
-                "queue_s": a.queue_s,
-                "counted_s": a.counted_s,
-                **{f"{s}_s": a.stage_s[s] for s in STAGES},
-            },
-        }
+        data = dict(a.env.data) if a.env is not None else {}
+        timing = {"queue_s": a.queue_s, "counted_s": a.counted_s, **{f"{s}_s": a.stage_s[s] for s in STAGES}}
+
+        def serialize() -> str:  # a SWE trajectory is megabytes of JSON: not on the event loop
+            env_data = {k: v for k, v in data.items() if _jsonable(v)}
+            return json.dumps(
+                {"run_output": run_output.model_dump(mode="json"), "env_data": env_data, "timing": timing}
+            )
+
         try:
-            await self.ledger.checkpoint(a.job_id, "run", json.dumps(body), time.time())
+            body = await asyncio.to_thread(serialize)
+            await self.ledger.checkpoint(a.job_id, "run", body, time.time())
         except RaasError:
             log.exception(
                 "could not commit the RUN output of job %s (it cannot resume after a restart)", a.job_id

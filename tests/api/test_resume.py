@@ -45,7 +45,7 @@ class Service(ServiceProcess):
         self.llm = llm
         self.tokenizer = tokenizer
 
-    def start(self) -> None:
+    def start(self, *, wait: bool = True) -> None:
         env = {k: v for k, v in os.environ.items() if k != "RAAS_API_TOKEN"}
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         cmd = [sys.executable, "-m", "raas.api", "--host", "127.0.0.1", "--port", str(self.port)]
@@ -56,6 +56,8 @@ class Service(ServiceProcess):
             cmd += ["--tokenizer-dir", str(self.tokenizer)]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        if not wait:
+            return
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log.read_text()[-3000:]
@@ -128,9 +130,13 @@ def assert_no_sandbox_left(state: Path, ids: set[str]) -> None:
         assert procs.pids_with_env(sid) == [], "a sandbox process outlived the crash and the restart"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+@pytest.mark.parametrize(
+    ("sig", "twice"),
+    [(signal.SIGKILL, False), (signal.SIGTERM, False), (signal.SIGKILL, True)],
+    ids=["sigkill", "sigterm", "sigkill-again-while-restarting"],
+)
 def test_a_job_stopped_inside_eval_resumes_at_eval_and_never_generates_again(
-    tmp_path: Path, llm: subprocess.Popen[str], sig: int
+    tmp_path: Path, llm: subprocess.Popen[str], sig: int, twice: bool
 ) -> None:
     state, marker = tmp_path / "state", tmp_path / "eval-may-finish"
     svc = Service(state, free_port(), str(llm.args))
@@ -152,6 +158,10 @@ def test_a_job_stopped_inside_eval_resumes_at_eval_and_never_generates_again(
         svc.kill(sig)
         llm.kill()  # nothing may generate after the restart
         llm.wait()
+        if twice:  # killed again while it starts (importing, opening the ledger, recovering)
+            svc.start(wait=False)
+            time.sleep(1.5)
+            svc.kill(signal.SIGKILL)
         marker.touch()
         svc.start()
         with httpx.Client(base_url=svc.url, timeout=60) as client:

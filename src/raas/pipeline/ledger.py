@@ -29,13 +29,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from raas.core.jobs import TERMINAL, JobResult
+from raas.core.jobs import JobResult
 from raas.errors import RaasError
 from raas.pipeline import ledger_integrity as integrity
 from raas.pipeline import ledger_recovery
 from raas.pipeline.ledger_integrity import LedgerCorrupt
 from raas.pipeline.ledger_recovery import CANCEL_REQUESTED, Recovery
-from raas.pipeline.ledger_rows import LedgerJob, row_of
+from raas.pipeline.ledger_rows import TERMINAL_SQL, LedgerJob, row_of
 from raas.pipeline.ledger_search import INDEXES
 
 __all__ = ["Ledger", "LedgerCorrupt", "LedgerJob", "Recovery"]
@@ -78,8 +78,6 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     PRIMARY KEY (job_id, stage)
 );
 """
-
-_TERMINAL_SQL = "(" + ",".join(f"'{s}'" for s in sorted(TERMINAL)) + ")"
 
 TRANSITION_DELAY_S = 0.005
 """How long a fire-and-forget transition may wait for company before it is handed to the writer."""
@@ -409,7 +407,7 @@ class Ledger:
     async def unfinished(self) -> list[LedgerJob]:
         def op(conn: sqlite3.Connection) -> list[LedgerJob]:
             rows = conn.execute(
-                f"SELECT * FROM jobs WHERE status NOT IN {_TERMINAL_SQL} ORDER BY created_at"
+                f"SELECT * FROM jobs WHERE status NOT IN {TERMINAL_SQL} ORDER BY created_at"
             ).fetchall()
             return [row_of(r) for r in rows]
 
@@ -482,7 +480,7 @@ class Ledger:
                 doomed += [
                     r[0]
                     for r in conn.execute(
-                        f"SELECT job_id FROM jobs WHERE status IN {_TERMINAL_SQL} AND finished_at < ?",
+                        f"SELECT job_id FROM jobs WHERE status IN {TERMINAL_SQL} AND finished_at < ?",
                         (at - ttl,),
                     )
                 ]
@@ -490,7 +488,7 @@ class Ledger:
                 doomed += [
                     r[0]
                     for r in conn.execute(
-                        f"SELECT job_id FROM jobs WHERE status IN {_TERMINAL_SQL}"
+                        f"SELECT job_id FROM jobs WHERE status IN {TERMINAL_SQL}"
                         " ORDER BY finished_at DESC LIMIT -1 OFFSET ?",
                         (cap,),
                     )

@@ -19,11 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from raas.core.jobs import TERMINAL, ErrorInfo, JobResult, Timing
-from raas.pipeline.ledger_rows import LedgerJob, row_of
+from raas.core.jobs import ErrorInfo, JobResult, Timing
+from raas.pipeline.ledger_rows import TERMINAL_SQL, LedgerJob, row_of
 from raas.pipeline.turns import TURN_STAGE, committed_turns
-
-_TERMINAL_SQL = "(" + ",".join(f"'{s}'" for s in sorted(TERMINAL)) + ")"
 
 CANCEL_REQUESTED = "cancel_requested"
 """A job's history entry: someone asked to stop it (committed before the cancel is answered)."""
@@ -85,20 +83,20 @@ def recover(
     """Decide, and record, what becomes of every unfinished job (see the module docstring)."""
     rows = [
         row_of(r)
-        for r in conn.execute(f"SELECT * FROM jobs WHERE status NOT IN {_TERMINAL_SQL} ORDER BY created_at")
+        for r in conn.execute(f"SELECT * FROM jobs WHERE status NOT IN {TERMINAL_SQL} ORDER BY created_at")
     ]
     checkpoints = {
         job_id: body
         for job_id, body in conn.execute(
             f"SELECT c.job_id, c.body FROM checkpoints c JOIN jobs j ON j.job_id = c.job_id "
-            f"WHERE c.stage = 'run' AND j.status NOT IN {_TERMINAL_SQL}"
+            f"WHERE c.stage = 'run' AND j.status NOT IN {TERMINAL_SQL}"
         )
     }
     cancelled = {
         job_id
         for (job_id,) in conn.execute(
             f"SELECT DISTINCT t.job_id FROM transitions t JOIN jobs j ON j.job_id = t.job_id "
-            f"WHERE t.status = '{CANCEL_REQUESTED}' AND j.status NOT IN {_TERMINAL_SQL}"
+            f"WHERE t.status = '{CANCEL_REQUESTED}' AND j.status NOT IN {TERMINAL_SQL}"
         )
     }
     out = Recovery()

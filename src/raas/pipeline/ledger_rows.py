@@ -6,7 +6,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, cast
 
-from raas.core.jobs import ErrorInfo, JobInfo, JobStatus
+from raas.core.jobs import TERMINAL, ErrorInfo, JobInfo, JobStatus
+
+TERMINAL_SQL = "(" + ",".join(f"'{s}'" for s in sorted(TERMINAL)) + ")"
+"""The terminal statuses as an SQL list, for ``status IN`` / ``NOT IN``."""
 
 
 @dataclass

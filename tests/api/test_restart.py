@@ -54,34 +54,23 @@ class ServiceProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = state.parent / f"service-{port}.log"
 
-    def start(self) -> None:
+    def command(self) -> list[str]:
+        """``python -m raas.api`` with the test handler on this state dir and port."""
+        cmd = [sys.executable, "-m", "raas.api", "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd += ["--state-dir", str(self.state), "--shutdown-grace", "0", "--log-level", "warning"]
+        cmd += ["--init-workers", "2", "--run-workers", "4", "--eval-workers", "2"]
+        return [*cmd, "--handler", "test.script=tests.doubles.handlers:StageScriptHandler"]
+
+    def start(self, *, wait: bool = True) -> None:
+        """Start it (same state dir and port every time) and, unless not ``wait``, wait until it answers."""
         env = {k: v for k, v in os.environ.items() if k != "RAAS_API_TOKEN"}
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [
-            sys.executable,
-            "-m",
-            "raas.api",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--state-dir",
-            str(self.state),
-            "--init-workers",
-            "2",
-            "--run-workers",
-            "4",
-            "--eval-workers",
-            "2",
-            "--shutdown-grace",
-            "0",
-            "--handler",
-            "test.script=tests.doubles.handlers:StageScriptHandler",
-            "--log-level",
-            "warning",
-        ]
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                self.command(), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        if not wait:
+            return
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log.read_text()[-3000:]

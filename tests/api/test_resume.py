@@ -15,7 +15,6 @@ and no sandbox process survives any of it.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -45,29 +44,9 @@ class Service(ServiceProcess):
         self.llm = llm
         self.tokenizer = tokenizer
 
-    def start(self, *, wait: bool = True) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "RAAS_API_TOKEN"}
-        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [sys.executable, "-m", "raas.api", "--host", "127.0.0.1", "--port", str(self.port)]
-        cmd += ["--state-dir", str(self.state), "--llm", self.llm, "--shutdown-grace", "0"]
-        cmd += ["--init-workers", "2", "--run-workers", "2", "--eval-workers", "2", "--log-level", "warning"]
-        cmd += ["--handler", "test.script=tests.doubles.handlers:StageScriptHandler"]
-        if self.tokenizer is not None:
-            cmd += ["--tokenizer-dir", str(self.tokenizer)]
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        if not wait:
-            return
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError("service did not come up: " + self.log.read_text()[-3000:])
+    def command(self) -> list[str]:
+        tokenizer = ["--tokenizer-dir", str(self.tokenizer)] if self.tokenizer is not None else []
+        return [*super().command(), "--llm", self.llm, *tokenizer]
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -317,6 +296,41 @@ def committed_turn_count(state: Path, job_id: str) -> int:
 MATH_EDITS = {"data_source": "math", "problem": "Edit mod.py so that x is 3, then answer x.", "answer": "3"}
 
 
+def stopped_after_two_turns(
+    tmp_path: Path, texts: list[str], sig: int
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A math job whose policy says ``texts``: the service is stopped (``sig``) while the job waits for
+    turn 2 (turns 0 and 1 committed), then started again beside a fresh server that answers from turn 2
+    on. Returns the job's result and the script; no sandbox may outlive the stop."""
+    script_path, script = scripted_turns(tmp_path, texts)
+    state = tmp_path / "state"
+    first = TurnServer(script_path, tmp_path / "llm-1.log", hold_at=2)
+    svc = Service(state, free_port(), first.url, tokenizer=prepare_tokenizer())
+    second: TurnServer | None = None
+    try:
+        svc.start()
+        with httpx.Client(base_url=svc.url, timeout=60) as client:
+            r = client.post("/v1/jobs", json={"job_id": "job", "instance": MATH_EDITS})
+            assert r.status_code == 202, r.text
+            wait_for(lambda: committed_turn_count(state, "job") == 2, "two turns were not committed")
+            wait_for(lambda: len(requests_of(tmp_path / "llm-1.log")) == 3, "turn 2 was not asked for")
+            ids = sandbox_ids(state)
+        svc.kill(sig)
+        first.kill()
+        second = TurnServer(script_path, tmp_path / "llm-2.log", start=2)
+        svc.llm = second.url
+        svc.start()
+        with httpx.Client(base_url=svc.url, timeout=60) as client:
+            res: dict[str, Any] = client.get("/v1/jobs/job/result", params={"wait": 90}).json()
+        assert_no_sandbox_left(state, ids)
+        return res, script
+    finally:
+        svc.stop()
+        first.kill()
+        if second is not None:
+            second.kill()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
 def test_a_job_stopped_in_run_after_turn_k_replays_its_turns_and_samples_on(tmp_path: Path, sig: int) -> None:
     """Two committed turns edit a file; the service stops while the job waits for turn 2. After the
@@ -331,48 +345,22 @@ def test_a_job_stopped_in_run_after_turn_k_replays_its_turns_and_samples_on(tmp_
         tool_call("bash", command="cat mod.py"),
         tool_call("finish", answer="3"),
     ]
-    script_path, script = scripted_turns(tmp_path, texts)
-    state = tmp_path / "state"
-    first = TurnServer(script_path, tmp_path / "llm-1.log", hold_at=2)
-    svc = Service(state, free_port(), first.url, tokenizer=prepare_tokenizer())
-    svc.start()
-    second: TurnServer | None = None
-    try:
-        with httpx.Client(base_url=svc.url, timeout=60) as client:
-            r = client.post("/v1/jobs", json={"job_id": "edits", "instance": MATH_EDITS})
-            assert r.status_code == 202, r.text
-            wait_for(lambda: committed_turn_count(state, "edits") == 2, "two turns were not committed")
-            wait_for(lambda: len(requests_of(tmp_path / "llm-1.log")) == 3, "turn 2 was not asked for")
-            ids = sandbox_ids(state)
-        svc.kill(sig)
-        first.kill()
-        second = TurnServer(script_path, tmp_path / "llm-2.log", start=2)
-        svc.llm = second.url
-        svc.start()
-        with httpx.Client(base_url=svc.url, timeout=60) as client:
-            res = client.get("/v1/jobs/edits/result", params={"wait": 90}).json()
-        assert res["status"] == "completed" and res["reward"] == 1.0, res.get("error")
-        assert res["timing"]["resumed_at"] == "run"
-        assert res["artifacts"]["resumed"] == {"replayed_turns": 2, "committed_turns": 2}
-        assert [t["output_ids"] for t in res["turns"]] == [c["token_ids"] for c in script]
-        assert [t["logprobs"] for t in res["turns"]] == [c["logprobs"] for c in script]
-        # the restarted server sampled turns 2 and 3 only, turn 2 on exactly the committed prefix
-        asked = requests_of(tmp_path / "llm-2.log")
-        assert [a["completion"] for a in asked] == [2, 3]
-        before = requests_of(tmp_path / "llm-1.log")[2]["prompt_ids"]
-        assert asked[0]["prompt_ids"] == before
-        # the replayed edits rebuilt the file: turn 2's observation reads it
-        tools = [m["content"] for m in res["messages"] if m["role"] == "tool"]
-        assert tools[1].startswith("x = 3\n") and tools[2].startswith("x = 3\n"), tools
-        flat = res["token_trajectory"]
-        sampled = [t for c in script for t in c["token_ids"]]
-        assert [t for t, m in zip(flat["response_ids"], flat["loss_mask"], strict=True) if m] == sampled
-        assert_no_sandbox_left(state, ids)
-    finally:
-        svc.stop()
-        first.kill()
-        if second is not None:
-            second.kill()
+    res, script = stopped_after_two_turns(tmp_path, texts, sig)
+    assert res["status"] == "completed" and res["reward"] == 1.0, res.get("error")
+    assert res["timing"]["resumed_at"] == "run"
+    assert res["artifacts"]["resumed"] == {"replayed_turns": 2, "committed_turns": 2}
+    assert [t["output_ids"] for t in res["turns"]] == [c["token_ids"] for c in script]
+    assert [t["logprobs"] for t in res["turns"]] == [c["logprobs"] for c in script]
+    # the restarted server sampled turns 2 and 3 only, turn 2 on exactly the committed prefix
+    asked = requests_of(tmp_path / "llm-2.log")
+    assert [a["completion"] for a in asked] == [2, 3]
+    assert asked[0]["prompt_ids"] == requests_of(tmp_path / "llm-1.log")[2]["prompt_ids"]
+    # the replayed edits rebuilt the file: turn 2's observation reads it
+    tools = [m["content"] for m in res["messages"] if m["role"] == "tool"]
+    assert tools[1].startswith("x = 3\n") and tools[2].startswith("x = 3\n"), tools
+    flat = res["token_trajectory"]
+    sampled = [t for c in script for t in c["token_ids"]]
+    assert [t for t, m in zip(flat["response_ids"], flat["loss_mask"], strict=True) if m] == sampled
 
 
 def test_a_replay_whose_tool_answers_differently_is_filtered_as_diverged(tmp_path: Path) -> None:
@@ -383,29 +371,7 @@ def test_a_replay_whose_tool_answers_differently_is_filtered_as_diverged(tmp_pat
         tool_call("bash", command="echo next"),
         tool_call("finish", answer="3"),
     ]
-    script_path, _ = scripted_turns(tmp_path, texts)
-    state = tmp_path / "state"
-    first = TurnServer(script_path, tmp_path / "llm-1.log", hold_at=2)
-    svc = Service(state, free_port(), first.url, tokenizer=prepare_tokenizer())
-    svc.start()
-    second: TurnServer | None = None
-    try:
-        with httpx.Client(base_url=svc.url, timeout=60) as client:
-            r = client.post("/v1/jobs", json={"job_id": "clock", "instance": MATH_EDITS})
-            assert r.status_code == 202, r.text
-            wait_for(lambda: committed_turn_count(state, "clock") == 2, "two turns were not committed")
-        svc.kill(signal.SIGKILL)
-        first.kill()
-        second = TurnServer(script_path, tmp_path / "llm-2.log", start=2)
-        svc.llm = second.url
-        svc.start()
-        with httpx.Client(base_url=svc.url, timeout=60) as client:
-            res = client.get("/v1/jobs/clock/result", params={"wait": 90}).json()
-        assert res["status"] == "failed" and res["reward"] is None and res["filter"] is True
-        assert res["error"]["kind"] == "replay_diverged" and res["error"]["stage"] == "run", res["error"]
-        assert requests_of(tmp_path / "llm-2.log") == []  # nothing sampled on a diverged history
-    finally:
-        svc.stop()
-        first.kill()
-        if second is not None:
-            second.kill()
+    res, _ = stopped_after_two_turns(tmp_path, texts, signal.SIGKILL)
+    assert res["status"] == "failed" and res["reward"] is None and res["filter"] is True
+    assert res["error"]["kind"] == "replay_diverged" and res["error"]["stage"] == "run", res["error"]
+    assert requests_of(tmp_path / "llm-2.log") == []  # nothing sampled on a diverged history

@@ -84,11 +84,17 @@ class Ledger:
 
     def unfinished(self) -> Counter[str]:
         marks = ",".join(f"'{s}'" for s in TERMINAL)
-        return Counter(dict(self.query(f"SELECT status, COUNT(*) FROM jobs WHERE status NOT IN ({marks}) GROUP BY status")))
+        return Counter(
+            dict(
+                self.query(f"SELECT status, COUNT(*) FROM jobs WHERE status NOT IN ({marks}) GROUP BY status")
+            )
+        )
 
     def after_restart(self, since: float) -> dict[str, int]:
         """What the recovery at ``since`` did, from the transitions it wrote."""
-        rows = self.query("SELECT status, detail FROM transitions WHERE at >= ? AND at < ? + 30", since, since)
+        rows = self.query(
+            "SELECT status, detail FROM transitions WHERE at >= ? AND at < ? + 30", since, since
+        )
         out: Counter[str] = Counter()
         for status, detail in rows:
             d = detail or ""
@@ -116,6 +122,8 @@ class Processes:
         self.url = f"http://127.0.0.1:{self.port}"
         self.llm: subprocess.Popen[str] | None = None
         self.svc: subprocess.Popen[bytes] | None = None
+        self.service_cpu_s = 0.0
+        """CPU seconds the service processes used, summed over their lives."""
         config = {
             "init_workers": 16,
             "run_workers": 96,
@@ -131,14 +139,24 @@ class Processes:
         self.config.write_text(json.dumps(config))
 
     def start_llm(self) -> None:
-        cmd = [sys.executable, "-m", "tests.doubles.scripted_llm", "--port", str(self.llm_port), "--tokens", "8"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tests.doubles.scripted_llm",
+            "--port",
+            str(self.llm_port),
+            "--tokens",
+            "8",
+        ]
         cmd += ["--capacity", "128", "--tokens-per-s", "400"]
         with open(self.work / "llm.log", "ab") as log:  # its tracebacks of cut connections stay there
             self.llm = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
         assert self.llm.stdout is not None and "SCRIPTED_LLM_READY" in self.llm.stdout.readline()
 
     def llm_requests(self) -> int:
-        return int(httpx.get(f"http://127.0.0.1:{self.llm_port}/_scripted/stats", timeout=10).json()["requests"])
+        return int(
+            httpx.get(f"http://127.0.0.1:{self.llm_port}/_scripted/stats", timeout=10).json()["requests"]
+        )
 
     def start(self) -> float:
         env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -162,6 +180,7 @@ class Processes:
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.svc is not None
+        self.service_cpu_s += cpu_seconds(self.svc.pid)
         self.svc.send_signal(sig)
         self.svc.wait(120)
 
@@ -174,6 +193,12 @@ class Processes:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def submit(client: httpx.Client, ids: list[int]) -> bool:
@@ -219,11 +244,21 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             restart_s = procs.start()
             client = httpx.Client(base_url=procs.url)
             time.sleep(0.5)
-            kills.append({"at_job": i, "in_flight": dict(in_flight), "restart_s": round(restart_s, 2), **ledger.after_restart(at)})
+            kills.append(
+                {
+                    "at_job": i,
+                    "in_flight": dict(in_flight),
+                    "restart_s": round(restart_s, 2),
+                    **ledger.after_restart(at),
+                }
+            )
             print(json.dumps({"kill": len(kills), **kills[-1]}), flush=True)
         if time.monotonic() - last_line > 5:
             last_line = time.monotonic()
-            print(f"{i}/{args.jobs} submitted, {len(kills)} kills, {sum(ledger.unfinished().values())} in flight", flush=True)
+            print(
+                f"{i}/{args.jobs} submitted, {len(kills)} kills, {sum(ledger.unfinished().values())} in flight",
+                flush=True,
+            )
     while sum(ledger.unfinished().values()):
         time.sleep(0.2)
     wall = time.monotonic() - started
@@ -254,7 +289,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from raas.sandbox import procs as sandbox_procs
 
     scratch = procs.state / "sandboxes" / "sb"
-    orphan_procs = [p.name for p in scratch.glob("sb-*") if sandbox_procs.pids_with_env(p.name)] if scratch.exists() else []
+    orphan_procs = (
+        [p.name for p in scratch.glob("sb-*") if sandbox_procs.pids_with_env(p.name)]
+        if scratch.exists()
+        else []
+    )
     procs.stop()
     size = sum(p.stat().st_size for p in procs.state.glob("ledger.sqlite3*"))
     return {
@@ -276,6 +315,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "turns_regenerated": llm_requests - turns_in_results,
         "wall_s": round(wall, 1),
         "jobs_per_s": round(args.jobs / wall, 1),
+        "service_cpu_ms_per_job": round(1000 * procs.service_cpu_s / args.jobs, 2),
         "ledger_bytes": size,
         "per_kill": kills,
         "lost_ids": lost[:20],

@@ -17,12 +17,12 @@ pytestmark = pytest.mark.unit
 
 
 async def _insert(
-    ledger: Ledger, job_id: str, *, retry: bool = False, at: float = 100.0, **request: Any
+    ledger: Ledger, job_id: str, *, retry: bool = False, at: float = 100.0, source: str = "x", **request: Any
 ) -> None:
     existing = await ledger.insert_job(
         job_id=job_id,
-        request={"instance": {"data_source": "x"}, **request},
-        data_source="x",
+        request={"instance": {"data_source": source}, **request},
+        data_source=source,
         instance_id=f"i-{job_id}",
         trajectory_id=None,
         priority=0,
@@ -204,3 +204,37 @@ async def test_a_failed_write_is_typed_and_the_writer_lives_on(tmp_path: Path) -
     assert (await ledger.get("after")) is not None and ledger.running
     await ledger.close()
     assert not ledger.running
+
+
+async def test_recover_replays_run_jobs_by_their_policy_and_keeps_turns_across_a_second_crash(
+    tmp_path: Path,
+) -> None:
+    """A job inside RUN with committed turns is re-queued to replay them when its data source's policy
+    says ``replay`` (an attempt), restarted or failed otherwise; a replaying job that crashes again before
+    it got back to RUN still replays them (the same attempt)."""
+    from raas.pipeline.turns import turn_stage
+
+    ledger = Ledger(tmp_path / "l.db")
+    await ledger.open()
+    for job_id in ("replay", "restart", "fail"):
+        await _insert(ledger, job_id, source=job_id)  # each its own data source, with that policy
+        ledger.transition(job_id, "run", 101.0)
+        for k in range(2):
+            ledger.checkpoint_turn(job_id, turn_stage(k), json.dumps({"base": 0, "delta": [k]}), 102.0)
+    await ledger.close()
+
+    ledger = Ledger(tmp_path / "l.db")
+    await ledger.open()
+    recovery = await ledger.recover(max_attempts=3, now=200.0, resume_in_run=lambda ds: str(ds))
+    assert [(r.job.job_id, [t["delta"] for t in r.checkpoint["turns"]]) for r in recovery.replayed] == [
+        ("replay", [[0], [1]])
+    ]
+    assert [j.job_id for j in recovery.requeued] == ["restart"] and recovery.interrupted == ["fail"]
+    assert recovery.replayed[0].job.attempts == 2
+    # crashed again while replaying, before RUN: its turns are still there and still replayed
+    ledger.transition("replay", "init", 210.0)
+    again = await ledger.recover(max_attempts=3, now=300.0, resume_in_run=lambda ds: str(ds))
+    assert [(r.job.job_id, len(r.checkpoint["turns"]), r.job.attempts) for r in again.replayed] == [
+        ("replay", 2, 2)
+    ]
+    await ledger.close()

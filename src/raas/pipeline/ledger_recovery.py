@@ -119,18 +119,18 @@ def recover(
                 conn, job, "queued_eval", at, "resumed at EVAL after a restart: its RUN output was committed"
             )
             out.resumed.append(Resumed(job, checkpoint))
-        elif resume and job.status in NOT_STARTED:
+        elif resume and job.status in NOT_STARTED and not (turns := _turns(conn, job.job_id)):
             _mark(
                 conn, job, "queued", at, f"re-queued after a restart in {job.status}: nothing generated yet"
             )
             out.requeued.append(job)
-        elif in_run == "replay" and job.attempts < max_attempts:
-            turns = committed_turns(
-                conn.execute(
-                    "SELECT stage, body FROM checkpoints WHERE job_id=? AND stage LIKE ?",
-                    (job.job_id, TURN_STAGE + "%"),
-                ).fetchall()
+        elif resume and job.status in NOT_STARTED:  # restarted before it got back to its committed turns
+            _mark(
+                conn, job, "queued", at, f"re-queued after a restart to replay {len(turns)} committed turns"
             )
+            out.replayed.append(Resumed(job, {"turns": turns}))
+        elif in_run == "replay" and job.attempts < max_attempts:
+            turns = _turns(conn, job.job_id)
             job.attempts += 1
             _mark(
                 conn,
@@ -147,11 +147,22 @@ def recover(
         ):
             job.attempts += 1
             _mark(conn, job, "queued", at, f"re-queued after restart (attempt {job.attempts})")
+            # it generates anew: its old turns are no longer its history
+            conn.execute(
+                "DELETE FROM checkpoints WHERE job_id=? AND stage LIKE ?", (job.job_id, TURN_STAGE + "%")
+            )
             out.requeued.append(job)
         else:
             _interrupt(conn, job, at, external=job.request.get("external_rollout", False) is True)
             out.interrupted.append(job.job_id)
     return out
+
+
+def _turns(conn: sqlite3.Connection, job_id: str) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        "SELECT stage, body FROM checkpoints WHERE job_id=? AND stage LIKE ?", (job_id, TURN_STAGE + "%")
+    ).fetchall()
+    return committed_turns(rows)
 
 
 def _parsed(body: str | None) -> dict[str, Any] | None:

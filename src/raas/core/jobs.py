@@ -132,8 +132,9 @@ class Timing(BaseModel):
     prewarm_s: float = 0.0
     resumed_at: str | None = None
     """Where this job went on after a restart of the service: ``eval`` (its RUN output was committed and
-    is graded as it was generated) or ``init`` (it ran again from INIT: it had generated nothing yet, or
-    it asked for ``retry_on_restart``); None: it ran in one go."""
+    is graded as it was generated), ``run`` (a fresh INIT, its committed turns replayed, RUN went on:
+    ``artifacts.resumed`` counts them) or ``init`` (it ran again from INIT: it had generated nothing yet,
+    or its task or request asked for a restart); None: it ran in one go."""
 
 
 class JobResult(BaseModel):

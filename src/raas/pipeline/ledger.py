@@ -3,8 +3,9 @@
 Why a ledger: a trainer must never lose an accepted job silently. The service writes a job here before it
 answers 202, writes each transition as it happens and writes the result before it reports the job done.
 After a crash, :meth:`Ledger.recover` re-queues what had generated nothing yet, resumes at EVAL what had
-committed its RUN output (:meth:`Ledger.checkpoint`), and turns the rest into ``failed``/``interrupted``
-results (or re-queues it when the request asked for ``retry_on_restart``).
+committed its RUN output (:meth:`Ledger.checkpoint`), replays RUN's committed turns
+(:meth:`Ledger.checkpoint_turn`) where the task's policy says so, and turns the rest into
+``failed``/``interrupted`` results (see :mod:`raas.pipeline.ledger_recovery`).
 
 All SQLite work runs on one writer thread with one connection; consecutive operations are grouped into one
 transaction (group commit), so the event loop never blocks on disk and thousands of transitions per second

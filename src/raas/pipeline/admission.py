@@ -191,16 +191,6 @@ class Admission:
         self.scheduler.enqueue(a, "init")
         return SubmitResponse(job_id=job.job_id, status="queued", created=True)
 
-    def resume_in_run(self, data_source: str | None) -> str:
-        """What a restart does with a job of ``data_source`` inside RUN (its stage policy's ``resume``;
-        ``fail`` for a data source no handler serves any more)."""
-        try:
-            handler = self.layers.handlers.get(str(data_source or ""))
-        except RaasError:
-            return "fail"
-        resume = self.layers.policy_for(str(data_source), handler).resume
-        return "fail" if resume == "replay" and not self.layers.config.checkpoints else resume
-
     async def readmit(
         self,
         row: LedgerJob,

@@ -16,7 +16,7 @@ import time
 from raas.core.jobs import STAGES, Timing
 from raas.core.trajectory import EvalOutput
 from raas.pipeline import results
-from raas.pipeline.ledger_recovery import NOT_STARTED
+from raas.pipeline.ledger_recovery import plan
 from raas.pipeline.table import ActiveJob, JobTable
 from raas.pipeline.wiring import Layers
 
@@ -91,30 +91,24 @@ class Endings:
         await self._record(a, results.failed(results.interrupted(stage, results.INTERRUPTED_STUCK)))
 
     def _left_for_restart(self, a: ActiveJob) -> bool:
-        """Shutdown stopped ``a``: leave it for the next start when that start can go on with it (as
-        :mod:`~raas.pipeline.ledger_recovery` would after a crash); False: record it interrupted."""
-        request = a.request
-        if request.resume_on_restart and a.checkpointed:
-            self.table.leave_for_restart(a, "queued_eval", "stopped by shutdown; resumes at EVAL on restart")
-        elif request.resume_on_restart and not request.external_rollout and a.status in NOT_STARTED:
-            self.table.leave_for_restart(a, "queued", "stopped by shutdown before RUN; re-queued for restart")
-        elif (
-            request.resume_on_restart
-            and not request.external_rollout
-            and a.status == "run"
-            and a.policy.resume != "fail"
-        ):
-            # left in RUN: the next start replays its committed turns, or starts it again (its policy)
-            self.table.leave_for_restart(
-                a, "run", f"stopped by shutdown in RUN; {a.policy.resume} on restart"
-            )
-        elif request.retry_on_restart and not request.external_rollout:
-            # left in its stage: the next start counts the attempt and runs it again from INIT
-            self.table.leave_for_restart(
-                a, a.status, "stopped by shutdown; starts again from INIT on restart"
-            )
-        else:
+        """Shutdown stopped ``a``: leave it for the next start when that start can go on with it (the same
+        :func:`~raas.pipeline.ledger_recovery.plan` a crash's recovery follows); False: record it
+        interrupted."""
+        how = plan(
+            a.status,
+            a.request.model_dump(),
+            checkpointed=a.checkpointed,
+            retry_on_restart=a.request.retry_on_restart,
+            attempts=a.attempts,
+            max_attempts=self.layers.config.max_attempts,
+            resume_in_run=self.layers.resume_in_run,
+            data_source=a.data_source,
+        )
+        if how == "fail":
             return False
+        # left where the next start picks it up: at EVAL, at INIT, or in its stage (replay, restart)
+        status = {"eval": "queued_eval", "init": "queued"}.get(how, a.status)
+        self.table.leave_for_restart(a, status, f"stopped by shutdown; {how} on restart")
         return True
 
     async def _record(self, a: ActiveJob, outcome: results.Outcome) -> None:

@@ -107,29 +107,33 @@ def recover(
             )
             out.cancelled.append(job.job_id)
             continue
-        resume = job.request.get("resume_on_restart", True) is not False and not (
-            job.request.get("external_rollout", False) is True and job.job_id not in checkpoints
-        )
         checkpoint = _parsed(checkpoints.get(job.job_id))
-        in_run = "fail"
-        if resume and job.status == "run" and resume_in_run is not None:
-            in_run = resume_in_run(job.data_source)
-        if resume and checkpoint is not None:
+        how = plan(
+            job.status,
+            job.request,
+            checkpointed=checkpoint is not None,
+            retry_on_restart=job.retry_on_restart,
+            attempts=job.attempts,
+            max_attempts=max_attempts,
+            resume_in_run=resume_in_run,
+            data_source=job.data_source,
+        )
+        if how == "eval" and checkpoint is not None:
             _mark(
                 conn, job, "queued_eval", at, "resumed at EVAL after a restart: its RUN output was committed"
             )
             out.resumed.append(Resumed(job, checkpoint))
-        elif resume and job.status in NOT_STARTED and not (turns := _turns(conn, job.job_id)):
+        elif how == "init" and not (turns := _turns(conn, job.job_id)):
             _mark(
                 conn, job, "queued", at, f"re-queued after a restart in {job.status}: nothing generated yet"
             )
             out.requeued.append(job)
-        elif resume and job.status in NOT_STARTED:  # restarted before it got back to its committed turns
+        elif how == "init":  # restarted before it got back to its committed turns
             _mark(
                 conn, job, "queued", at, f"re-queued after a restart to replay {len(turns)} committed turns"
             )
             out.replayed.append(Resumed(job, {"turns": turns}))
-        elif in_run == "replay" and job.attempts < max_attempts:
+        elif how == "replay":
             turns = _turns(conn, job.job_id)
             job.attempts += 1
             _mark(
@@ -140,11 +144,7 @@ def recover(
                 f"re-queued after a restart in RUN to replay {len(turns)} committed turns",
             )
             out.replayed.append(Resumed(job, {"turns": turns}))
-        elif (
-            (in_run == "restart" or job.retry_on_restart)
-            and job.attempts < max_attempts
-            and (resume or job.request.get("external_rollout") is not True)
-        ):
+        elif how == "restart":
             job.attempts += 1
             _mark(conn, job, "queued", at, f"re-queued after restart (attempt {job.attempts})")
             # it generates anew: its old turns are no longer its history
@@ -156,6 +156,39 @@ def recover(
             _interrupt(conn, job, at, external=job.request.get("external_rollout", False) is True)
             out.interrupted.append(job.job_id)
     return out
+
+
+def plan(
+    status: str,
+    request: dict[str, Any],
+    *,
+    checkpointed: bool,
+    retry_on_restart: bool,
+    attempts: int,
+    max_attempts: int,
+    resume_in_run: Callable[[str | None], str] | None,
+    data_source: str | None,
+) -> str:
+    """What the next start does with an unfinished job (see the module docstring): ``eval`` (resume with
+    its committed RUN output), ``init`` (run again from INIT, replaying committed turns if it has any),
+    ``replay`` / ``restart`` (inside RUN, an attempt) or ``fail``. Shared by a crash's recovery and a
+    graceful shutdown, which leaves for the next start exactly what this says it can go on with."""
+    external = request.get("external_rollout", False) is True
+    resume = request.get("resume_on_restart", True) is not False and not (external and not checkpointed)
+    if resume and checkpointed:
+        return "eval"
+    if resume and status in NOT_STARTED:
+        return "init"
+    in_run = "fail"
+    if resume and status == "run" and resume_in_run is not None:
+        in_run = resume_in_run(data_source)
+    if attempts >= max_attempts:
+        return "fail"
+    if in_run == "replay":
+        return "replay"
+    if (in_run == "restart" or retry_on_restart) and (resume or not external):
+        return "restart"
+    return "fail"
 
 
 def _turns(conn: sqlite3.Connection, job_id: str) -> list[dict[str, Any]]:

@@ -148,7 +148,7 @@ class RolloutService:
             await self.layers.start()
             self.handlers.warm_up()
             recovery = await self.ledger.recover(
-                max_attempts=self.config.max_attempts, resume_in_run=self.admission.resume_in_run
+                max_attempts=self.config.max_attempts, resume_in_run=self.layers.resume_in_run
             )
             if recovery.interrupted:
                 log.warning("closed %d jobs interrupted by the previous run", len(recovery.interrupted))

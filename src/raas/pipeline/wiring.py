@@ -184,6 +184,16 @@ class Layers:
             self._policies[data_source] = policy
         return policy
 
+    def resume_in_run(self, data_source: str | None) -> str:
+        """What a restart does with a job of ``data_source`` inside RUN (its stage policy's ``resume``;
+        ``fail`` for a data source no handler serves any more)."""
+        try:
+            handler = self.handlers.get(str(data_source or ""))
+        except RaasError:
+            return "fail"
+        resume = self.policy_for(str(data_source), handler).resume
+        return "fail" if resume == "replay" and not self.config.checkpoints else resume
+
     # -- what stages get ---------------------------------------------------------------------------------
 
     @property

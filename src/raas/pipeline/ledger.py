@@ -36,7 +36,7 @@ from raas.pipeline import ledger_integrity as integrity
 from raas.pipeline import ledger_recovery
 from raas.pipeline.ledger_integrity import LedgerCorrupt
 from raas.pipeline.ledger_recovery import CANCEL_REQUESTED, Recovery
-from raas.pipeline.ledger_rows import TERMINAL_SQL, LedgerJob, row_of
+from raas.pipeline.ledger_rows import TERMINAL_SQL, LedgerJob, add_transition, row_of
 from raas.pipeline.ledger_search import INDEXES
 
 __all__ = ["Ledger", "LedgerCorrupt", "LedgerJob", "Recovery"]
@@ -319,10 +319,7 @@ class Ledger:
                     at,
                 ),
             )
-            conn.execute(
-                "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
-                (job_id, "queued", at, None),
-            )
+            add_transition(conn, job_id, "queued", at, None)
             return None
 
         return await self._call(op)
@@ -332,10 +329,7 @@ class Ledger:
 
         def op(conn: sqlite3.Connection) -> None:
             conn.execute("UPDATE jobs SET status=?, updated_at=? WHERE job_id=?", (status, at, job_id))
-            conn.execute(
-                "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
-                (job_id, status, at, detail),
-            )
+            add_transition(conn, job_id, status, at, detail)
 
         self._submit(op, wait=False)
 
@@ -344,10 +338,7 @@ class Ledger:
         Fire-and-forget, like :meth:`transition`."""
 
         def op(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
-                (job_id, kind, at, detail),
-            )
+            add_transition(conn, job_id, kind, at, detail)
 
         self._submit(op, wait=False)
 
@@ -356,10 +347,7 @@ class Ledger:
         ``cancelled`` result is written still ends it cancelled instead of resuming it."""
 
         def op(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
-                (job_id, CANCEL_REQUESTED, at, None),
-            )
+            add_transition(conn, job_id, CANCEL_REQUESTED, at, None)
 
         await self._call(op)
 
@@ -374,10 +362,7 @@ class Ledger:
                 (result.status, body, error, at, at, result.job_id),
             )
             conn.execute("DELETE FROM checkpoints WHERE job_id=?", (result.job_id,))
-            conn.execute(
-                "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
-                (result.job_id, result.status, at, error),
-            )
+            add_transition(conn, result.job_id, result.status, at, error)
 
         await self._call(op)
 
@@ -442,10 +427,7 @@ class Ledger:
                 "INSERT OR REPLACE INTO checkpoints (job_id, stage, body, at) VALUES (?,?,?,?)",
                 (job_id, stage, body, at),
             )
-            conn.execute(
-                "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
-                (job_id, "checkpoint", at, f"{stage} output committed ({len(body)} bytes)"),
-            )
+            add_transition(conn, job_id, "checkpoint", at, f"{stage} output committed ({len(body)} bytes)")
 
         await self._call(op)
 

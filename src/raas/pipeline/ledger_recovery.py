@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raas.core.jobs import ErrorInfo, JobResult, Timing
-from raas.pipeline.ledger_rows import TERMINAL_SQL, LedgerJob, row_of
+from raas.pipeline.ledger_rows import TERMINAL_SQL, LedgerJob, add_transition, row_of
 from raas.pipeline.turns import TURN_STAGE, committed_turns
 
 CANCEL_REQUESTED = "cancel_requested"
@@ -66,10 +66,7 @@ def _mark(conn: sqlite3.Connection, job: LedgerJob, status: str, at: float, deta
         "UPDATE jobs SET status=?, attempts=?, updated_at=? WHERE job_id=?",
         (status, job.attempts, at, job.job_id),
     )
-    conn.execute(
-        "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
-        (job.job_id, status, at, detail),
-    )
+    add_transition(conn, job.job_id, status, at, detail)
     job.status = status
 
 
@@ -237,8 +234,5 @@ def _close(conn: sqlite3.Connection, job: LedgerJob, at: float, status: str, kin
         "UPDATE jobs SET status=?, result=?, error=?, updated_at=?, finished_at=? WHERE job_id=?",
         (status, result.model_dump_json(), error, at, at, job.job_id),
     )
-    conn.execute(
-        "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)",
-        (job.job_id, status, at, error),
-    )
+    add_transition(conn, job.job_id, status, at, error)
     conn.execute("DELETE FROM checkpoints WHERE job_id=?", (job.job_id,))

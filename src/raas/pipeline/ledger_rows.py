@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -62,4 +63,11 @@ def row_of(r: tuple[Any, ...]) -> LedgerJob:
         created_at=r[11],
         updated_at=r[12],
         finished_at=r[13],
+    )
+
+
+def add_transition(conn: sqlite3.Connection, job_id: str, status: str, at: float, detail: str | None) -> None:
+    """One entry of a job's history (a state change, or a note such as a sandbox it opened)."""
+    conn.execute(
+        "INSERT INTO transitions (job_id, status, at, detail) VALUES (?,?,?,?)", (job_id, status, at, detail)
     )
